@@ -1,0 +1,58 @@
+# Set-up and test entry points. Everything installs itself: a Python virtual environment from
+# requirements.txt, a Docker engine from the distribution when none answers, a locally built systemd
+# base image, and the cached fixtures (llama.cpp sources from PyPI sdists, tiny generated models).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PYTHON ?= python3
+export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+FIXTURES_ENV := .cache/fixtures.env
+
+.PHONY: help venv docker image fixtures lint unit molecule test demo demo-down clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed  ## the pinned Python toolchain in .venv
+
+docker:  ## a Docker engine that answers (installs docker.io and starts dockerd if needed)
+	tools/ensure-docker.sh
+
+image: docker  ## the Debian 12 systemd base image (built once per machine)
+	@mkdir -p .cache
+	tools/base-image.sh > .cache/base-image
+
+$(FIXTURES_ENV): venv image tools/fixtures.py tools/make_tiny_model.py
+	@mkdir -p .cache
+	$(VENV)/bin/python tools/fixtures.py env > $@.part
+	echo "export LLAMA_TEST_IMAGE=$$(cat .cache/base-image)" >> $@.part
+	mv $@.part $@
+
+fixtures: $(FIXTURES_ENV)  ## llama.cpp sources and tiny models (cached once per machine)
+
+lint: venv  ## yamllint + ansible-lint (production profile)
+	yamllint --strict .
+	ansible-lint --strict
+
+unit: venv  ## Python unit tests (planner, GGUF reader, model generator, inventory checks)
+	source $(FIXTURES_ENV) 2>/dev/null || true; pytest -q tests/unit
+
+test: venv fixtures lint  ## everything: lint, unit tests, molecule scenarios
+	source $(FIXTURES_ENV); pytest -v -p no:cacheprovider tests/
+
+demo: venv fixtures  ## a local 3-container cluster serving a tiny model through site.yml
+	source $(FIXTURES_ENV); tools/demo.sh up
+
+demo-down:  ## remove the demo cluster
+	tools/demo.sh down
+
+clean: demo-down  ## remove the virtual environment and local caches (not the machine-wide cache)
+	rm -rf $(VENV) .cache

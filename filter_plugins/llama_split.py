@@ -1,0 +1,390 @@
+"""Ansible filter ``llama_split_plan``: place a model's layers on llama.cpp devices."""
+
+import bisect
+import itertools
+import math
+from collections.abc import Mapping
+from fractions import Fraction
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+name: llama_split_plan
+short_description: Plan llama.cpp's --device/--tensor-split so every device's share fits its memory
+description:
+  - Splits the n_layer + 1 layers of a model (index n_layer is the output layer) over llama.cpp devices
+    as contiguous ranges in device order, the only shape of split llama.cpp's C(--tensor-split) can express.
+  - Each device's estimated bytes (weights of its layers plus their KV cache at O(ctx_size)) stay within
+    its budget, C(memory_mib × 1024² × (1 − reserve_fraction)). Compute buffers are not predictable from
+    the model file; the reserve fraction is the headroom for them.
+  - The returned C(layers) are exactly what llama.cpp computes from the returned C(tensor_split) with
+    C(-ngl) covering all layers (checked against C(llamacpp_layer_assignment) before returning).
+  - Devices given no layers are left out, so pass the returned C(devices) to C(--device) together with
+    the returned C(tensor_split).
+positional: model, ctx_size, reserve_fraction, strategy
+options:
+  _input:
+    description:
+      - The devices in llama.cpp device order (the order of C(--device)).
+      - Each item has C(name) (for example C(RPC0) or C(CUDA0)), C(memory_mib) (positive int, memory usable
+        on that device) and optionally C(speed) (positive number, relative tokens/s, default 1.0).
+    type: list
+    elements: dict
+    required: true
+  model:
+    description:
+      - C(n_layer) (int >= 1); C(layer_bytes) (positive int, or a list of n_layer of them);
+        C(output_bytes) (int >= 0, the output layer); C(kv_bytes_per_token) (int >= 0, or a list of
+        n_layer of them, K+V bytes per token of that layer; the output layer has no KV cache).
+      - Other keys are ignored.
+    type: dict
+    required: true
+  ctx_size:
+    description: Context size (C(-c)) the KV cache is sized for.
+    type: int
+    default: 4096
+  reserve_fraction:
+    description: Fraction of each device's memory kept free for compute buffers; in [0, 1).
+    type: float
+    default: 0.15
+  strategy:
+    description:
+      - C(memory) splits the model's bytes in proportion to the devices' budgets (llama.cpp's own default
+        splits by free memory), rounded to whole layers and moved only as far as the budgets require.
+      - C(speed) minimizes the estimated time per token, the sum over devices of the weight bytes of their
+        layers divided by their C(speed), within the same budgets; it never returns a plan estimated
+        slower than C(memory) would.
+    type: str
+    choices: [memory, speed]
+    default: memory
+"""
+
+EXAMPLES = r"""
+- name: Plan the split of a model over two RPC workers and a local GPU
+  ansible.builtin.set_fact:
+    __llama_plan: >-
+      {{ [{'name': 'RPC0', 'memory_mib': 24576, 'speed': 2.0},
+          {'name': 'RPC1', 'memory_mib': 12288},
+          {'name': 'CUDA0', 'memory_mib': 12288}]
+         | llama_split_plan(__llama_gguf.model, ctx_size=8192, strategy='speed') }}
+
+- name: Use it on llama-server's command line
+  ansible.builtin.debug:
+    msg: >-
+      --device {{ __llama_plan.devices | join(',') }}
+      --tensor-split {{ __llama_plan.tensor_split | join(',') }}
+      -ngl 999 -c 8192
+"""
+
+RETURN = r"""
+_value:
+  description: The plan.
+  type: dict
+  contains:
+    devices:
+      description: Names of the devices given layers, in order; the value for C(--device).
+      type: list
+      elements: str
+    tensor_split:
+      description: Layers per device, same order, summing to n_layer + 1; the value for C(--tensor-split).
+      type: list
+      elements: int
+    layers:
+      description: C([first, last_exclusive]) layer indices per device, over 0..n_layer (n_layer = output).
+      type: list
+      elements: list
+    bytes:
+      description: Estimated bytes per device, weights plus KV cache at C(ctx_size).
+      type: list
+      elements: int
+    budget_bytes:
+      description: Each device's budget, C(memory_mib × 1024² × (1 − reserve_fraction)).
+      type: list
+      elements: int
+    strategy:
+      description: The strategy used.
+      type: str
+    fits:
+      description: Always true; a model that cannot fit raises an error stating the shortfall.
+      type: bool
+"""
+
+MIB = 1024 * 1024
+MAX_TENSOR_SPLIT_VALUES = 15  # llama.cpp rejects --tensor-split with llama_max_devices() (16) values or more
+STRATEGIES = ("memory", "speed")
+FIT_HINT = "add a device, lower ctx_size or reserve_fraction"
+
+
+def _error(message):
+    return AnsibleFilterError(f"llama_split_plan: {message}")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(value, field, minimum):
+    if not _is_int(value) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise _error(f"{field} must be {kind}, got {value!r}")
+    return value
+
+
+def _check_devices(devices):
+    """Return (names, memory_mib, speeds) of a validated device list."""
+    if isinstance(devices, (str, Mapping)) or not isinstance(devices, (list, tuple)) or not devices:
+        raise _error(f"devices must be a non-empty list of {{name, memory_mib, speed}} dicts, got {devices!r}")
+    names, memory, speeds = [], [], []
+    for index, device in enumerate(devices):
+        field = f"devices[{index}]"
+        if not isinstance(device, Mapping):
+            raise _error(f"{field} must be a dict with name, memory_mib and optional speed, got {device!r}")
+        name = device.get("name")
+        if not isinstance(name, str) or not name:
+            raise _error(f"{field}.name must be a non-empty string, got {name!r}")
+        if name in names:
+            raise _error(f"{field}.name {name!r} is a duplicate of devices[{names.index(name)}].name")
+        speed = device.get("speed", 1.0)
+        if not _is_number(speed) or speed <= 0:
+            raise _error(f"{field}.speed must be a positive number, got {speed!r}")
+        names.append(name)
+        memory.append(_check_int(device.get("memory_mib"), f"{field}.memory_mib", 1))
+        speeds.append(float(speed))
+    return names, memory, speeds
+
+
+def _per_layer(model, key, n_layer, minimum):
+    """An int, or a list of n_layer ints, as a list of n_layer ints."""
+    value = model.get(key)
+    field = f"model.{key}"
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_layer:
+            raise _error(f"{field} has {len(value)} entries but model.n_layer is {n_layer}")
+        return [_check_int(item, f"{field}[{index}]", minimum) for index, item in enumerate(value)]
+    return [_check_int(value, field, minimum)] * n_layer
+
+
+def _check_model(model):
+    """Return (weights, kv_per_token) of the n_layer + 1 layers; the output layer has no KV cache."""
+    if not isinstance(model, Mapping):
+        raise _error(f"model must be a dict with n_layer, layer_bytes, output_bytes and kv_bytes_per_token, "
+                     f"got {model!r}")
+    n_layer = _check_int(model.get("n_layer"), "model.n_layer", 1)
+    weights = _per_layer(model, "layer_bytes", n_layer, 1)
+    weights.append(_check_int(model.get("output_bytes"), "model.output_bytes", 0))
+    kv_per_token = _per_layer(model, "kv_bytes_per_token", n_layer, 0) + [0]
+    return weights, kv_per_token
+
+
+def _check_options(ctx_size, reserve_fraction, strategy):
+    _check_int(ctx_size, "ctx_size", 1)
+    if not _is_number(reserve_fraction) or not 0 <= reserve_fraction < 1:
+        raise _error(f"reserve_fraction must be a number in [0, 1), got {reserve_fraction!r}")
+    if strategy not in STRATEGIES:
+        raise _error(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+
+
+class _Layers:
+    """Prefix sums over the n_layer + 1 layers, so the bytes of any range cost O(1)."""
+
+    def __init__(self, weights, costs):
+        self.count = len(costs)
+        self.cost_prefix = [0, *itertools.accumulate(costs)]
+        self._weight_prefix = [0, *itertools.accumulate(weights)]
+        self.largest = max(costs)
+
+    @property
+    def total(self):
+        return self.cost_prefix[-1]
+
+    def cost(self, first, end):
+        return self.cost_prefix[end] - self.cost_prefix[first]
+
+    def weight(self, first, end):
+        return self._weight_prefix[end] - self._weight_prefix[first]
+
+    def max_end(self, first, budget):
+        """The furthest end of a range starting at `first` that fits `budget`."""
+        return max(first, bisect.bisect_right(self.cost_prefix, self.cost_prefix[first] + budget) - 1)
+
+    def min_first(self, end, budget):
+        """The earliest first layer of a range ending at `end` that fits `budget`."""
+        return min(end, bisect.bisect_left(self.cost_prefix, self.cost_prefix[end] - budget))
+
+    def nearest_end(self, target):
+        """The layer boundary whose cumulative bytes are nearest `target` (ties go up)."""
+        upper = bisect.bisect_left(self.cost_prefix, target)
+        if upper and target - self.cost_prefix[upper - 1] < self.cost_prefix[upper] - target:
+            return upper - 1
+        return upper
+
+
+def _min_firsts(layers, budgets):
+    """min_firsts[k]: the earliest layer from which all later layers fit on devices k.. (greedy from the end).
+
+    Filling each device backwards as far as its budget allows is optimal, so the layers fit at all exactly
+    when min_firsts[0] == 0, and a device k starting at or after min_firsts[k] can always leave a
+    fitting remainder.
+    """
+    firsts = [layers.count]
+    for budget in reversed(budgets):
+        firsts.append(layers.min_first(firsts[-1], budget))
+    return firsts[::-1]
+
+
+def _counts(ends):
+    return [end - first for first, end in zip([0, *ends], ends)]
+
+
+def _memory_split(layers, budgets):
+    """Layer counts proportional to the budgets, moved only as far as needed to fit; None if nothing fits.
+
+    Each device's end is the byte-proportional target clamped to [the earliest end that leaves a
+    fitting remainder, the furthest end its own budget allows]; that interval is never empty while
+    a fitting split exists, so this never rejects a model that some contiguous split fits.
+    """
+    min_firsts = _min_firsts(layers, budgets)
+    if min_firsts[0] != 0:
+        return None
+    total_budget = sum(budgets)
+    ends, first, budget_so_far = [], 0, 0
+    for index, budget in enumerate(budgets):
+        budget_so_far += budget
+        target = layers.nearest_end(Fraction(layers.total * budget_so_far, total_budget))
+        lowest = max(first, min_firsts[index + 1])
+        end = min(max(target, lowest), layers.max_end(first, budget))
+        ends.append(end)
+        first = end
+    return _counts(ends)
+
+
+def _speed_split(layers, budgets, speeds):
+    """Layer counts with the least estimated time per token (DP over (device, layer boundary))."""
+    best = [0.0] + [math.inf] * layers.count  # best[j]: least time placing layers [0, j) on devices so far
+    choices = []
+    for budget, speed in zip(budgets, speeds):
+        time, choice = list(best), list(range(layers.count + 1))  # an empty range keeps the time
+        for end in range(1, layers.count + 1):
+            for first in range(layers.min_first(end, budget), end):
+                candidate = best[first] + layers.weight(first, end) / speed
+                if candidate < time[end]:
+                    time[end], choice[end] = candidate, first
+        best = time
+        choices.append(choice)
+    if best[-1] == math.inf:
+        return None
+    ends = [layers.count]
+    for choice in reversed(choices[1:]):
+        ends.append(choice[ends[-1]])
+    return _counts(ends[::-1])
+
+
+def _estimated_time(layers, counts, speeds):
+    ends = list(itertools.accumulate(counts))
+    return sum(layers.weight(end - count, end) / speed for end, count, speed in zip(ends, counts, speeds))
+
+
+def _least_overflow(layers, budgets):
+    """The least total bytes by which any contiguous in-order split exceeds the budgets."""
+    best = [0] + [math.inf] * layers.count
+    for budget in budgets:
+        best = [min(best[first] + max(0, layers.cost(first, end) - budget) for first in range(end + 1))
+                for end in range(layers.count + 1)]
+    return best[-1]
+
+
+def _mib(size, rounding=math.ceil):
+    return rounding(size / MIB)
+
+
+def _not_fitting(layers, budgets, ctx_size):
+    """The error for a model no split fits; needs round up and budgets down, so the shortfall is never low."""
+    need, have = _mib(layers.total), _mib(sum(budgets), math.floor)
+    needs = f"model needs {need} MiB (weights + KV at ctx_size={ctx_size})"
+    if layers.total > sum(budgets):
+        return _error(f"{needs} but the devices' budgets total {have} MiB: short by {need - have} MiB; {FIT_HINT}")
+    return _error(f"{needs} and the devices' budgets total {have} MiB, but no contiguous "
+                  f"in-order split of its layers fits (largest layer {_mib(layers.largest)} MiB, largest budget "
+                  f"{_mib(max(budgets), math.floor)} MiB): the best split is short by "
+                  f"{_mib(_least_overflow(layers, budgets))} MiB; {FIT_HINT}")
+
+
+def llamacpp_layer_assignment(n_layer, ngl, tensor_split):
+    """The device index llama.cpp gives each of the n_layer + 1 layers (None: stays on the CPU).
+
+    Mirrors llama_model::load_tensors (src/llama-model.cpp): split points are the cumulative normalized
+    tensor_split weights and layer il goes to the first device whose split point exceeds
+    (il - i_gpu_start) / act_gpu_layers. Index n_layer is the output layer; ngl >= n_layer + 1 offloads
+    everything (older trees started at n_layer - ngl, which differs only for partial offload).
+    llama.cpp computes in float32: for integer counts summing to n_layer + 1 both sides are correctly
+    rounded quotients over the same denominator, which order like their numerators in float32 and in
+    doubles alike, so this gives llama.cpp's answer.
+    """
+    if not tensor_split or min(tensor_split) < 0 or sum(tensor_split) <= 0:
+        raise _error(f"tensor_split must be non-negative numbers with a positive sum, got {tensor_split!r}")
+    cumulative = list(itertools.accumulate(tensor_split))
+    split_points = [value / cumulative[-1] for value in cumulative]
+    active = min(ngl, n_layer + 1)
+    start = n_layer + 1 - active
+    return [None if il < start else bisect.bisect_right(split_points, (il - start) / active)
+            for il in range(n_layer + 1)]
+
+
+def _verify(plan, n_layer):
+    """Refuse to return a plan llama.cpp would place differently, or one that breaks a budget."""
+    assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, plan["tensor_split"])
+    for index, (first, end) in enumerate(plan["layers"]):
+        if assignment[first:end] != [index] * (end - first) or assignment.count(index) != end - first:
+            raise _error(f"internal error: llama.cpp would not place layers {first}..{end - 1} on "
+                         f"{plan['devices'][index]} from tensor_split {plan['tensor_split']}")
+    if any(size > budget for size, budget in zip(plan["bytes"], plan["budget_bytes"])):
+        raise _error(f"internal error: a device exceeds its budget in {plan!r}")
+
+
+def _plan(names, counts, layers, budgets, strategy):
+    used = [index for index, count in enumerate(counts) if count]
+    if len(used) > MAX_TENSOR_SPLIT_VALUES:
+        raise _error(f"the plan gives layers to {len(used)} devices but llama.cpp accepts at most "
+                     f"{MAX_TENSOR_SPLIT_VALUES} --tensor-split values: pass at most {MAX_TENSOR_SPLIT_VALUES} devices")
+    ends = list(itertools.accumulate(counts))
+    ranges = [[ends[index] - counts[index], ends[index]] for index in used]
+    return {
+        "devices": [names[index] for index in used],
+        "tensor_split": [counts[index] for index in used],
+        "layers": ranges,
+        "bytes": [layers.cost(first, end) for first, end in ranges],
+        "budget_bytes": [budgets[index] for index in used],
+        "strategy": strategy,
+        "fits": True,
+    }
+
+
+def llama_split_plan(devices, model, ctx_size=4096, reserve_fraction=0.15, strategy="memory"):
+    """Plan llama.cpp's --device and --tensor-split for `model` on `devices` (see DOCUMENTATION)."""
+    names, memory_mib, speeds = _check_devices(devices)
+    weights, kv_per_token = _check_model(model)
+    _check_options(ctx_size, reserve_fraction, strategy)
+    layers = _Layers(weights, [weight + kv * ctx_size for weight, kv in zip(weights, kv_per_token)])
+    budgets = [int(memory * MIB * (1 - reserve_fraction)) for memory in memory_mib]
+    counts = _memory_split(layers, budgets)
+    if counts is None:
+        raise _not_fitting(layers, budgets, ctx_size)
+    if strategy == "speed":
+        fastest = _speed_split(layers, budgets, speeds)
+        # Keep the balanced memory split unless the DP is faster by more than rounding noise.
+        if _estimated_time(layers, fastest, speeds) < _estimated_time(layers, counts, speeds) * (1 - 1e-9):
+            counts = fastest
+    plan = _plan(names, counts, layers, budgets, strategy)
+    _verify(plan, len(weights) - 1)
+    return plan
+
+
+class FilterModule:
+    """llama.cpp split planning filters."""
+
+    def filters(self):
+        return {"llama_split_plan": llama_split_plan}

@@ -1,0 +1,21 @@
+"""Make the filter plugin and module_utils importable as plain modules (`import llama_split`, `import llama_gguf`)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+sys.path.insert(0, str(ROOT / "filter_plugins"))
+
+
+def _load(name, path):
+    """Import a file directly, without Ansible's module_utils loader."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_load("llama_gguf", ROOT / "module_utils" / "llama_gguf.py")

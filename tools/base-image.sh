@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build (once per machine) the minimal Debian 12 image with systemd as PID 1 that the molecule
+# scenarios and the demo run on. No registry is reachable, so the root filesystem comes from the
+# Debian mirror through debootstrap and is turned into an image with `docker import`.
+#
+# The image is keyed on this script's content: a change to the script builds a new image, an
+# unchanged script reuses the one already present. Prints the image reference on stdout.
+#
+# Minimal on purpose: systemd, python3 and iproute2 (Ansible itself and its network facts) and procps
+# (testinfra's process checks).
+# Everything else a role needs, the role installs.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cache_dir=${LLAMA_CACHE_DIR:-/var/cache/llamacpp-rpc-cluster}
+suite=bookworm
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+packages=systemd,systemd-sysv,python3,iproute2,procps,ca-certificates
+repo=llamacpp-rpc/debian12-systemd
+
+key=$(cat "$0" | sha256sum | cut -c1-12)
+image="$repo:$key"
+
+"$here/ensure-docker.sh"
+
+if docker image inspect "$image" >/dev/null 2>&1; then
+  echo "$image"
+  exit 0
+fi
+
+if ! command -v debootstrap >/dev/null 2>&1; then
+  echo "base-image: installing debootstrap" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq debootstrap >/dev/null
+fi
+
+mkdir -p "$cache_dir"
+tarball="$cache_dir/base-$key.tar"
+if [ ! -s "$tarball" ]; then
+  rootfs=$(mktemp -d "$cache_dir/rootfs.XXXXXX")
+  trap 'rm -rf "$rootfs"' EXIT
+  echo "base-image: debootstrap $suite from $mirror (a few minutes, once per machine)" >&2
+  debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$mirror" >&2
+
+  cat >"$rootfs/etc/apt/sources.list" <<SOURCES
+deb $mirror $suite main
+deb $mirror $suite-updates main
+deb http://deb.debian.org/debian-security $suite-security main
+SOURCES
+  # Units that make no sense in a container, or that wait for hardware that is not there.
+  for unit in getty.target console-getty.service systemd-udevd.service systemd-udev-trigger.service \
+      systemd-firstboot.service systemd-modules-load.service sys-kernel-config.mount \
+      sys-kernel-debug.mount sys-fs-fuse-connections.mount systemd-remount-fs.service; do
+    ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
+  done
+  : >"$rootfs/etc/machine-id"
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
+  tar -C "$rootfs" --numeric-owner -cf "$tarball.tmp" .
+  mv "$tarball.tmp" "$tarball"
+fi
+
+docker import \
+  --change 'ENV container=docker' \
+  --change 'CMD ["/lib/systemd/systemd"]' \
+  "$tarball" "$image" >&2
+echo "$image"

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Test and demo fixtures, cached once per machine under $LLAMA_CACHE_DIR.
+
+GitHub is not reachable here, so llama.cpp sources come from the llama-cpp-python sdists on PyPI,
+which vendor a complete llama.cpp tree at a known upstream commit (see shared LLAMACPP.md).
+
+    fixtures.py source VERSION   sdist -> verified -> llama.cpp source tarball (+ .sha256)
+    fixtures.py git              a local git repository holding the vendored trees as commits
+    fixtures.py model NAME ...   a tiny generated GGUF (tools/make_tiny_model.py)
+    fixtures.py env              everything the tests and the demo use, as shell variables
+
+Every step is keyed on its inputs and does nothing when its output exists.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("LLAMA_CACHE_DIR", "/var/cache/llamacpp-rpc-cluster"))
+
+# llama-cpp-python sdist version -> (upstream llama.cpp commit, build number, sdist sha256).
+SOURCES = {
+    "0.3.30": ("e3a74b299085cd00013804f7fca2e03441b2da20", 0,
+               "798c9b42652d2e0bff5fe81e7e762089f425a99e67f66ffe5ae156957876e0d1"),
+    "0.3.35": ("4df29be4f4c3673f428170fda944a5b19f743bb8", 0,
+               "1139dbb54509074b70893fab8554e3b079aa9f4d312058ce4018ef0019e3de12"),
+    "0.3.36": ("0c1e57098bba43ac29e6e3b677cdceebdd22334f", 11312,
+               "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"),
+}
+# The versions the git fixture holds, oldest first (one commit each, deterministic hashes).
+GIT_VERSIONS = ("0.3.30", "0.3.36")
+# Tiny models used by the scenarios and the demo: name -> make_tiny_model.py arguments.
+MODELS = {
+    "tiny": ["--n-layer", "4", "--n-embd", "64", "--n-head", "4"],
+    # 7 layers + output over 2 workers: does not divide evenly; layers big enough to show in RSS.
+    "cluster": ["--n-layer", "7", "--n-embd", "256", "--n-head", "8", "--n-head-kv", "4"],
+}
+VOCAB = "models/ggml-vocab-llama-spm.gguf"
+
+
+def log(msg):
+    print(f"fixtures: {msg}", file=sys.stderr)
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sdist(version):
+    """Download (once) and verify the llama-cpp-python sdist."""
+    _, _, expected = SOURCES[version]
+    target = CACHE / "sdists" / f"llama_cpp_python-{version}.tar.gz"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log(f"downloading llama-cpp-python {version} sdist from PyPI")
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                 f"llama-cpp-python=={version}", "-d", tmp],
+                check=True)
+            Path(tmp, target.name).rename(target)
+    actual = sha256_file(target)
+    if actual != expected:
+        target.unlink()
+        sys.exit(f"fixtures: {target.name}: sha256 {actual} does not match the pinned {expected}; removed it")
+    return target
+
+
+def vendored_tree(version, workdir):
+    """Extract vendor/llama.cpp of the sdist into workdir and return its path."""
+    with tarfile.open(sdist(version)) as archive:
+        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
+        archive.extractall(workdir, members=members, filter="data")
+    (tree,) = Path(workdir).glob("*/vendor/llama.cpp")
+    # The sdist keeps the submodule's `.git` pointer file; it points nowhere outside the sdist's repo.
+    (tree / ".git").unlink(missing_ok=True)
+    return tree
+
+
+def source(version):
+    """A llama.cpp source tarball (top directory llama.cpp/) with a sha256 file beside it."""
+    commit, _, _ = SOURCES[version]
+    target = CACHE / "src" / f"llama.cpp-{commit}.tar.gz"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log(f"making {target.name} from llama-cpp-python {version}")
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            tree = vendored_tree(version, tmp)
+            tree.rename(Path(tmp, "llama.cpp"))
+            # Reproducible: sorted names, fixed owner and mtime, no gzip timestamp.
+            subprocess.run(
+                f"tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C {shlex.quote(tmp)} "
+                f"-cf - llama.cpp | gzip -n > {shlex.quote(str(target))}.part",
+                shell=True, check=True)
+            Path(f"{target}.part").rename(target)
+    checksum = Path(f"{target}.sha256")
+    if not checksum.exists():
+        checksum.write_text(f"{sha256_file(target)}  {target.name}\n")
+    return target
+
+
+def git_repo():
+    """A bare git repository with one commit per GIT_VERSIONS entry; returns {version: commit}."""
+    repo = CACHE / "git" / "llama.cpp.git"
+    index = CACHE / "git" / "commits.json"
+    if index.exists():
+        return json.loads(index.read_text())
+    env = dict(os.environ, GIT_AUTHOR_NAME="fixtures", GIT_AUTHOR_EMAIL="fixtures@localhost",
+               GIT_COMMITTER_NAME="fixtures", GIT_COMMITTER_EMAIL="fixtures@localhost",
+               GIT_AUTHOR_DATE="2026-01-01T00:00:00Z", GIT_COMMITTER_DATE="2026-01-01T00:00:00Z")
+    shutil.rmtree(repo, ignore_errors=True)
+    commits = {}
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        work = Path(tmp, "work")
+        subprocess.run(["git", "init", "-q", "-b", "master", str(work)], check=True, env=env)
+        for version in GIT_VERSIONS:
+            log(f"committing llama.cpp from llama-cpp-python {version} into the git fixture")
+            for entry in work.iterdir():
+                if entry.name != ".git":
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            extract = Path(tmp, version)
+            for item in vendored_tree(version, extract).iterdir():
+                item.rename(work / item.name)
+            git = ["git", "-C", str(work), "-c", "core.autocrlf=false"]
+            subprocess.run(git + ["add", "-A", "-f"], check=True, env=env)
+            subprocess.run(git + ["commit", "-q", "-m", f"llama.cpp {SOURCES[version][0]}"], check=True, env=env)
+            subprocess.run(git + ["tag", f"v{version}"], check=True, env=env)
+            commits[version] = subprocess.run(git + ["rev-parse", "HEAD"], check=True, env=env,
+                                              capture_output=True, text=True).stdout.strip()
+        subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True, env=env)
+    index.write_text(json.dumps(commits, indent=1) + "\n")
+    return commits
+
+
+def vocab():
+    """The vocab-only GGUF shipped in the llama.cpp tree (newest sdist)."""
+    target = CACHE / "models" / "ggml-vocab-llama-spm.gguf"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(sdist(GIT_VERSIONS[-1])) as archive:
+            (member,) = [m for m in archive.getmembers() if m.name.endswith("/vendor/llama.cpp/" + VOCAB)]
+            with archive.extractfile(member) as src, open(f"{target}.part", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        Path(f"{target}.part").rename(target)
+    return target
+
+
+def model(name, extra=()):
+    """Generate (once per argument set) a tiny model; returns its path."""
+    args = MODELS.get(name, []) + list(extra)
+    generator = HERE / "make_tiny_model.py"
+    key = hashlib.sha256(generator.read_bytes() + json.dumps(args).encode()).hexdigest()[:12]
+    target = CACHE / "models" / f"{name}-{key}.gguf"
+    if not target.exists():
+        log(f"generating model {target.name}")
+        subprocess.run([sys.executable, str(generator), "--vocab", str(vocab()), "--out", f"{target}.part",
+                        "--name", name] + args, check=True, stdout=subprocess.DEVNULL)
+        Path(f"{target}.part").rename(target)
+    # A stable name for inventories and mounts (the demo serves models/cluster.gguf).
+    link = target.with_name(f"{name}.gguf")
+    if not link.is_symlink() or link.readlink() != Path(target.name):
+        link.unlink(missing_ok=True)
+        link.symlink_to(target.name)
+    return target
+
+
+def env():
+    """Shell assignments for everything the tests and the demo use."""
+    values = {"LLAMA_CACHE_DIR": CACHE, "LLAMA_VOCAB_GGUF": vocab()}
+    for version, (commit, build_number, _) in SOURCES.items():
+        tag = version.replace(".", "_")
+        archive = source(version)
+        values[f"LLAMA_SRC_{tag}"] = archive
+        values[f"LLAMA_SRC_{tag}_SHA256"] = sha256_file(archive)
+        values[f"LLAMA_SRC_{tag}_COMMIT"] = commit
+        values[f"LLAMA_SRC_{tag}_BUILD"] = build_number
+    values["LLAMA_GIT_REPO"] = CACHE / "git" / "llama.cpp.git"
+    for version, commit in git_repo().items():
+        values[f"LLAMA_GIT_{version.replace('.', '_')}_COMMIT"] = commit
+    for name in MODELS:
+        values[f"LLAMA_MODEL_{name.upper()}"] = model(name)
+    return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    src = sub.add_parser("source", help="llama.cpp source tarball from a llama-cpp-python sdist")
+    src.add_argument("version", choices=sorted(SOURCES))
+    sub.add_parser("git", help="local git repository of llama.cpp trees")
+    mdl = sub.add_parser("model", help="tiny generated GGUF")
+    mdl.add_argument("name")
+    mdl.add_argument("extra", nargs=argparse.REMAINDER, help="more make_tiny_model.py arguments")
+    sub.add_parser("env", help="print shell variables naming every fixture")
+    args = parser.parse_args()
+    if args.command == "source":
+        print(source(args.version))
+    elif args.command == "git":
+        print(json.dumps(git_repo()))
+    elif args.command == "model":
+        print(model(args.name, args.extra))
+    else:
+        sys.stdout.write(env())
+
+
+if __name__ == "__main__":
+    main()
