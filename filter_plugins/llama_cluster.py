@@ -52,7 +52,7 @@ def llama_device_order(workers, local_devices=(), master_is_worker=False, master
         if not devices:
             raise AnsibleFilterError(
                 f"llama_device_order: worker {host} has no llama_node_devices; run device discovery on it "
-                "(llama_common devices.yml) or set llama_devices for it")
+                "(llama devices.yml) or set llama_devices for it")
         for device in devices:
             ordered.append(_entry(device, f"RPC{len(ordered)}", host))
     if not master_is_worker:

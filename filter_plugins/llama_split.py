@@ -110,6 +110,7 @@ _value:
 """
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 MAX_TENSOR_SPLIT_VALUES = 15  # llama.cpp rejects --tensor-split with llama_max_devices() (16) values or more
 STRATEGIES = ("memory", "speed")
 FIT_HINT = "add a device, lower ctx_size or reserve_fraction"
@@ -383,8 +384,64 @@ def llama_split_plan(devices, model, ctx_size=4096, reserve_fraction=0.15, strat
     return plan
 
 
+def llama_split_given(devices, model, tensor_split, ctx_size=4096, reserve_fraction=0.15):
+    """The plan for an explicit --tensor-split (llama_tensor_split), used as given but checked.
+
+    The values keep the user's proportions; the layers are where llama.cpp puts them, and every device's
+    estimate must stay within its budget like a planned split's.
+    """
+    names, memory_mib, _ = _check_devices(devices)
+    weights, kv_per_token = _check_model(model)
+    _check_options(ctx_size, reserve_fraction, "memory")
+    if not isinstance(tensor_split, (list, tuple)) or len(tensor_split) != len(names):
+        count = len(tensor_split) if isinstance(tensor_split, (list, tuple)) else "no list of"
+        raise _error(f"llama_tensor_split has {count} values but the cluster has {len(names)} devices "
+                     f"({', '.join(names)}): give one value per device, in that order")
+    if not all(_is_number(value) for value in tensor_split):
+        raise _error(f"llama_tensor_split must hold numbers, got {list(tensor_split)!r}")
+    n_layer = len(weights) - 1
+    assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, list(tensor_split))
+    counts = [assignment.count(index) for index in range(len(names))]
+    layers = _Layers(weights, [weight + kv * ctx_size for weight, kv in zip(weights, kv_per_token)])
+    budgets = [int(memory * MIB * (1 - reserve_fraction)) for memory in memory_mib]
+    plan = _plan(names, counts, layers, budgets, "given")
+    plan["tensor_split"] = [tensor_split[names.index(name)] for name in plan["devices"]]
+    for name, size, budget in zip(plan["devices"], plan["bytes"], plan["budget_bytes"]):
+        if size > budget:
+            raise _error(f"llama_tensor_split puts {_mib(size)} MiB on {name}, over its budget of "
+                         f"{_mib(budget, math.floor)} MiB: short by {_mib(size - budget)} MiB; {FIT_HINT}")
+    return plan
+
+
+def llama_split_table(plan, devices, model=None):
+    """The plan as table lines: device, host (local name), layers, estimated GiB / budget GiB."""
+    by_name = {device["name"]: device for device in devices}
+    n_layer = (model or {}).get("n_layer")
+    rows = [("device", "host", "layers", "est. GiB / budget GiB")]
+    for name, (first, end), size, budget in zip(plan["devices"], plan["layers"], plan["bytes"],
+                                                plan["budget_bytes"]):
+        device = by_name.get(name, {})
+        host = device.get("host", "?")
+        if device.get("local_name") not in (None, name):
+            host = f"{host} ({device['local_name']})"
+        last = end - 1
+        span = f"{first}-{last}" if last > first else f"{first}"
+        if n_layer is not None and last == n_layer:
+            span += " +output"
+        rows.append((name, host, span, f"{size / GIB:.2f} / {budget / GIB:.2f}"))
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.append(f"strategy {plan['strategy']}: --device {','.join(plan['devices'])} "
+                 f"--tensor-split {','.join(str(value) for value in plan['tensor_split'])}")
+    return lines
+
+
 class FilterModule:
     """llama.cpp split planning filters."""
 
     def filters(self):
-        return {"llama_split_plan": llama_split_plan}
+        return {
+            "llama_split_plan": llama_split_plan,
+            "llama_split_given": llama_split_given,
+            "llama_split_table": llama_split_table,
+        }

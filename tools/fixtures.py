@@ -41,8 +41,8 @@ GIT_VERSIONS = ("0.3.30", "0.3.36")
 # Tiny models used by the scenarios and the demo: name -> make_tiny_model.py arguments.
 MODELS = {
     "tiny": ["--n-layer", "4", "--n-embd", "64", "--n-head", "4"],
-    # 7 layers + output over 2 workers: does not divide evenly; layers big enough to show in RSS.
-    "cluster": ["--n-layer", "7", "--n-embd", "256", "--n-head", "8", "--n-head-kv", "4"],
+    # 7 layers + output over 2 workers: splits 5 + 3 (uneven); layers big enough to show in a worker's RSS.
+    "cluster": ["--n-layer", "7", "--n-embd", "256", "--n-ff", "2048", "--n-head", "8", "--n-head-kv", "4"],
 }
 VOCAB = "models/ggml-vocab-llama-spm.gguf"
 

@@ -251,7 +251,8 @@ def test_corrupt_lengths_raise_gguf_error(tmp_path, key):
     path = write_llama(tmp_path / "model.gguf", extra_keys={
         "test.ints": ([1, 2], "add_array"), "test.strs": (["a"], "add_array"), "test.str": ("abc", "add_string")})
     content = bytearray(path.read_bytes())
-    key_end = content.index(key.encode()) + len(key)
+    key_record = len(key).to_bytes(8, "little") + key.encode()
+    key_end = content.index(key_record) + len(key_record)
     length_at = key_end + 4 if key == "test.str" else key_end + 8  # after the value type (and item type)
     content[length_at:length_at + 8] = (2**62).to_bytes(8, "little")
     path.write_bytes(content)

@@ -1,6 +1,7 @@
 """Unit tests of the llama_split_plan filter, against an independent model of llama.cpp's placement."""
 
 import bisect
+import copy
 import itertools
 import math
 
@@ -315,15 +316,15 @@ GOOD_MODEL = {"n_layer": 6, "layer_bytes": MIB, "output_bytes": MIB, "kv_bytes_p
 
 def _with(base, path, value):
     """A deep copy of `base` with base[path...] = value (or the key removed when value is ...)."""
-    copy = yaml.safe_load(yaml.safe_dump(base))
-    target = copy
+    changed = copy.deepcopy(base)
+    target = changed
     for key in path[:-1]:
         target = target[key]
     if value is ...:
         del target[path[-1]]
     else:
         target[path[-1]] = value
-    return copy
+    return changed
 
 
 @pytest.mark.parametrize("devices, model, options, message", [

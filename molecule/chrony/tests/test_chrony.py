@@ -33,8 +33,8 @@ def sources(host):
             for r in rows]
 
 
-def wait_for_source(host, address, states, timeout=45):
-    """Poll until the source at `address` answers (reach != 0) in one of `states`; return the last sources."""
+def wait_for_source(host, address, states, timeout=70):
+    """Poll until `address` answers (reach != 0) in one of `states`; 70 s covers one 64 s poll after iburst."""
     deadline = time.monotonic() + timeout
     while True:
         current = sources(host)

@@ -59,14 +59,14 @@ def test_chronyd_runs_without_clock_control(host):
 
 
 def test_worker_follows_the_master(host):
-    """The master is reachable and selected (*) or combined (+) within a bounded wait."""
+    """The master is reachable and selected (*) or combined (+) within 70 s (one 64 s poll after iburst)."""
     if is_master(host):
         pytest.skip("workers only")
-    master, deadline = address_of("master"), time.monotonic() + 45
+    master, deadline = address_of("master"), time.monotonic() + 70
     while True:
         current = sources(host)
         if any(s["address"] == master and s["reach"] and s["state"] in ("*", "+") for s in current):
             return
         if time.monotonic() > deadline:
-            pytest.fail(f"master {master} not selected after 45s: {current}")
+            pytest.fail(f"master {master} not selected after 70s: {current}")
         time.sleep(2)

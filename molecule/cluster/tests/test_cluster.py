@@ -1,0 +1,134 @@
+"""The deployed cluster serves completions with its layers really spread over the workers."""
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
+                      wait_health)
+from llama_gguf import read_model_info
+from llama_split import llamacpp_layer_assignment
+
+MODEL_ON_CONTROLLER = Path(os.environ["LLAMA_CACHE_DIR"]) / "models" / "cluster.gguf"
+SINGLE_PORT = 18181
+PROMPT = {"prompt": "Once upon a time", "n_predict": 32, "temperature": 0, "seed": 1234,
+          # Re-evaluating a cached prompt token shifts the numbers slightly; random weights make
+          # near-ties, so compare fresh evaluations only.
+          "cache_prompt": False}
+
+
+@pytest.fixture(scope="module")
+def server_args(master):
+    return cmdline(master, main_pid(master, "llama-server.service"))
+
+
+def test_units_active_and_enabled(master, workers):
+    assert master.service("llama-server.service").is_running
+    assert master.service("llama-server.service").is_enabled
+    for worker in workers.values():
+        assert worker.service("llama-rpc-server.service").is_running
+        assert worker.service("llama-rpc-server.service").is_enabled
+
+
+def test_services_run_as_llama(master, workers):
+    assert master.process.get(pid=main_pid(master, "llama-server.service")).user == "llama"
+    for worker in workers.values():
+        assert worker.process.get(pid=main_pid(worker, "llama-rpc-server.service")).user == "llama"
+
+
+def test_worker_listens_on_its_cluster_address_only(master, workers):
+    for worker in workers.values():
+        ip = address(worker)
+        listening = worker.check_output(f"ss -Hltn sport = :{RPC_PORT}")
+        assert f"{ip}:{RPC_PORT}" in listening
+        assert "0.0.0.0" not in listening and "*:" not in listening
+        # Nothing answers on loopback; the master reaches the cluster address.
+        assert worker.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RPC_PORT}'").rc != 0
+        assert master.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{RPC_PORT}'").rc == 0
+
+
+def test_master_command_line_names_rpc_device_and_split(server_args, workers):
+    endpoints = [f"{address(workers[name])}:{RPC_PORT}" for name in WORKERS]
+    assert option(server_args, "--rpc") == ",".join(endpoints)
+    assert server_args.index("--rpc") < server_args.index("--device")
+    devices = option(server_args, "--device").split(",")
+    split = [int(value) for value in option(server_args, "--tensor-split").split(",")]
+    assert devices == ["RPC0", "RPC1"]
+    assert len(split) == len(devices) and all(value > 0 for value in split)
+    n_layer = read_model_info(str(MODEL_ON_CONTROLLER))["n_layer"]
+    assert int(option(server_args, "-ngl")) == n_layer + 1
+    assert sum(split) == n_layer + 1
+    assert option(server_args, "-c") == "2048"
+
+
+def test_binaries_report_the_pinned_commit(master, workers):
+    commit = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
+    for host in (master, *workers.values()):
+        info = json.loads(host.file("/opt/llama.cpp/current/BUILD-INFO.json").content_string)
+        assert info["commit"] == commit
+        assert info["rpc_proto"] == "7.0.0"
+        assert info["rpc_server_binary"] == "ggml-rpc-server"
+        assert info["no_mmap_args"] == ["--load-mode", "none"]
+        assert host.file("/opt/llama.cpp/current").linked_to == f"/opt/llama.cpp/{commit}"
+        for binary in ("llama-server", "llama-cli", "llama-bench"):
+            version = host.run(f"/opt/llama.cpp/current/bin/{binary} --version")
+            assert f"commit {commit}" in version.stdout + version.stderr, binary
+
+
+def test_cluster_completion_equals_single_process(master, server_args):
+    wait_health(master, SERVER_PORT)
+    cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
+    assert cluster["tokens_predicted"] == 32
+    model = option(server_args, "-m")
+    single = master.run(
+        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 "
+        f"--host 127.0.0.1 --port {SINGLE_PORT} --load-mode none > /tmp/single.log 2>&1 & echo $!")
+    assert single.rc == 0
+    try:
+        wait_health(master, SINGLE_PORT)
+        alone = http_json(master, SINGLE_PORT, "/completion", PROMPT)
+    finally:
+        master.run(f"pkill -f -- '--port {SINGLE_PORT}'")
+    assert alone["tokens_predicted"] == 32
+    assert cluster["content"] == alone["content"]
+
+
+def _rss_kib(host, pid):
+    status = host.file(f"/proc/{pid}/status").content_string
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))
+
+
+def test_each_worker_holds_its_layers(master, workers, server_args):
+    """A worker's RPC server holds the weights of its planned layers: its resident memory exceeds an
+    idle RPC server's by most of their size (the CPU device keeps tensors in host memory)."""
+    info = read_model_info(str(MODEL_ON_CONTROLLER))
+    split = [int(value) for value in option(server_args, "--tensor-split").split(",")]
+    assignment = llamacpp_layer_assignment(info["n_layer"], info["n_layer"] + 1, split)
+    weights = info["layer_bytes"] + [info["output_bytes"]]
+    for index, name in enumerate(WORKERS):
+        worker = workers[name]
+        expected = sum(size for layer, size in enumerate(weights) if assignment[layer] == index)
+        idle = worker.run(
+            "runuser -u llama -- timeout 20 /opt/llama.cpp/current/bin/ggml-rpc-server -H 127.0.0.1 -p 50999"
+            " >/dev/null 2>&1 & echo $!")
+        time.sleep(2)
+        idle_pid = int(worker.check_output("pgrep -f -- '-p 50999'"))
+        baseline = _rss_kib(worker, idle_pid)
+        worker.run(f"kill {idle_pid}")
+        assert idle.rc == 0
+        serving = _rss_kib(worker, main_pid(worker, "llama-rpc-server.service"))
+        assert (serving - baseline) * 1024 >= 0.8 * expected, (
+            f"{name}: RSS {serving} KiB vs idle {baseline} KiB; expected about {expected / 1024:.0f} KiB of weights")
+
+
+def test_llama_cpp_compiled_once_per_build_group(master, workers):
+    ledger = Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log"
+    build_ids = {json.loads(host.file("/opt/llama.cpp/current/BUILD-INFO.json").content_string)["build_id"]
+                 for host in (master, *workers.values())}
+    assert len(build_ids) == 1, "the three CPU nodes form one build group"
+    compilations = [line for line in ledger.read_text().splitlines() if line.split()[1] in build_ids]
+    # The verify step runs after converge and the idempotence converge: one compilation in all.
+    assert len(compilations) == len(build_ids), compilations
