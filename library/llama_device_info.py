@@ -56,11 +56,21 @@ def nvidia_gpus(module):
         [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"])
     if rc != 0:
         module.fail_json(msg=f"nvidia-smi failed (rc={rc}): {err.strip() or out.strip()}")
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(text):
+    """(description, total MiB) per GPU from `--query-gpu=index,name,memory.total --format=csv,noheader,nounits`.
+
+    In nvidia-smi's index order, which is PCI bus order. CUDA numbers devices fastest-first unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so the units set that variable and CUDA0 is nvidia-smi's GPU 0.
+    """
     gpus = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         if line.strip():
-            index, name, total = (field.strip() for field in line.split(","))
-            gpus.append((int(index), name, int(float(total))))
+            index, rest = line.split(",", 1)
+            name, total = rest.rsplit(",", 1)
+            gpus.append((int(index), name.strip(), int(float(total))))
     return [(name, total) for _, name, total in sorted(gpus)]
 
 

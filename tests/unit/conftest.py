@@ -19,3 +19,4 @@ def _load(name, path):
 
 
 _load("llama_gguf", ROOT / "module_utils" / "llama_gguf.py")
+_load("llama_device_info", ROOT / "library" / "llama_device_info.py")

@@ -1,5 +1,6 @@
 """Bad input stops site.yml in preflight, naming host and variable, and leaves the running cluster alone."""
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,10 @@ CASES = {
     "port out of range": ({"llama_rpc_port": 70000}, r"llama_rpc_port must be a port number 1-65535, got '70000'"),
     "unknown backend": ({"llamacpp_backend": "rocm"},
                         r"llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm"),
+    # Every device overridden down to 40 MiB (34 MiB budget each): the model needs more than both hold.
+    "model does not fit": ({"llama_devices": [{"name": "CPU", "memory_mib": 40}]},
+                           r"model needs \d+ MiB \(weights \+ KV at ctx_size=2048\) but the devices' budgets "
+                           r"total 68 MiB: short by \d+ MiB"),
 }
 
 
@@ -24,8 +29,7 @@ def run_site(extra_vars):
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
     args = ["ansible-playbook", "site.yml", "-i", os.environ["MOLECULE_INVENTORY_FILE"]]
-    for key, value in extra_vars.items():
-        args += ["-e", f"{key}={value}"]
+    args += ["-e", json.dumps(extra_vars)]
     return subprocess.run(args, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
 
 

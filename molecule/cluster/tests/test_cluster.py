@@ -132,3 +132,16 @@ def test_llama_cpp_compiled_once_per_build_group(master, workers):
     compilations = [line for line in ledger.read_text().splitlines() if line.split()[1] in build_ids]
     # The verify step runs after converge and the idempotence converge: one compilation in all.
     assert len(compilations) == len(build_ids), compilations
+
+
+def test_llama_cpp_placement_matches_the_plan(master):
+    """The layers llama.cpp actually put on each device (its load log) are the printed plan's."""
+    unit = master.file("/etc/systemd/system/llama-server.service").content_string
+    planned = {}
+    for device, first, end in re.findall(r"(\w+)=(\d+)-(\d+)", re.search(r"^# Plan: (.*)$", unit, re.M).group(1)):
+        planned.update({layer: device for layer in range(int(first), int(end))})
+    invocation = master.check_output("systemctl show -p InvocationID --value llama-server.service")
+    log = master.check_output(f"journalctl -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    actual = {int(layer): device for layer, device in re.findall(r"layer +(\d+) assigned to device (\w+)", log)}
+    assert actual == planned
+    assert len(set(planned.values())) == 2 and sorted(planned) == list(range(len(planned)))
