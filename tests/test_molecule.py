@@ -5,8 +5,9 @@ import subprocess
 
 import pytest
 
-# Cheapest first; `cluster` compiles llama.cpp (once for the whole suite).
-SCENARIOS = ["chrony", "chrony_airgapped", "cluster"]
+# Cheapest first. `cluster` and `build_git` each compile one llama.cpp tree (two commits, two sources);
+# later scenarios reuse the suite's artifact cache.
+SCENARIOS = ["chrony", "chrony_airgapped", "cluster", "build_git"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

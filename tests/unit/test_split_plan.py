@@ -391,10 +391,48 @@ def test_llamacpp_layer_assignment_rejects_bad_splits(ts):
 
 
 def test_filter_is_registered_and_documented():
-    assert llama_split.FilterModule().filters() == {"llama_split_plan": llama_split_plan}
+    assert llama_split.FilterModule().filters() == {
+        "llama_split_plan": llama_split_plan,
+        "llama_split_given": llama_split.llama_split_given,
+        "llama_split_table": llama_split.llama_split_table,
+    }
     doc = yaml.safe_load(llama_split.DOCUMENTATION)
     assert doc["name"] == "llama_split_plan"
     assert set(doc["options"]) == {"_input", "model", "ctx_size", "reserve_fraction", "strategy"}
     assert yaml.safe_load(llama_split.EXAMPLES)
     assert set(yaml.safe_load(llama_split.RETURN)["_value"]["contains"]) == {
         "devices", "tensor_split", "layers", "bytes", "budget_bytes", "strategy", "fits"}
+
+
+GIVEN_DEVICES = [{"name": "RPC0", "memory_mib": 1024}, {"name": "RPC1", "memory_mib": 1024}]
+GIVEN_MODEL = {"n_layer": 7, "layer_bytes": 10 * 1024 * 1024, "output_bytes": 30 * 1024 * 1024,
+               "kv_bytes_per_token": 0}
+
+
+def test_given_split_is_used_as_given_with_llama_cpp_layers():
+    plan = llama_split.llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [3, 1])
+    assert plan["tensor_split"] == [3, 1]
+    assert plan["layers"] == [[0, 6], [6, 8]]
+    assignment = llamacpp_layer_assignment(7, 8, [3, 1])
+    assert assignment == [0] * 6 + [1] * 2
+
+
+def test_given_split_must_match_the_device_count():
+    with pytest.raises(AnsibleFilterError, match=r"llama_tensor_split has 3 values but the cluster has 2 devices"):
+        llama_split.llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [1, 1, 1])
+
+
+def test_given_split_must_fit():
+    small = [{"name": "RPC0", "memory_mib": 1024}, {"name": "RPC1", "memory_mib": 40}]
+    with pytest.raises(AnsibleFilterError, match=r"llama_tensor_split puts 40 MiB on RPC1, over its budget of 34 MiB"):
+        llama_split.llama_split_given(small, GIVEN_MODEL, [6, 2])
+
+
+def test_table_lists_devices_hosts_layers_and_budgets():
+    devices = [dict(device, host=f"w{index}", local_name="CPU") for index, device in enumerate(GIVEN_DEVICES)]
+    plan = llama_split_plan(devices, GIVEN_MODEL)
+    lines = llama_split.llama_split_table(plan, devices, GIVEN_MODEL)
+    assert lines[0].split() == ["device", "host", "layers", "est.", "GiB", "/", "budget", "GiB"]
+    assert lines[1].split()[:4] == ["RPC0", "w0", "(CPU)", f"0-{plan['layers'][0][1] - 1}"]
+    assert lines[2].split()[4] == "+output"
+    assert lines[-1] == f"strategy memory: --device RPC0,RPC1 --tensor-split {','.join(map(str, plan['tensor_split']))}"
