@@ -18,7 +18,9 @@ options:
     elements: dict
     required: true
   local_devices:
-    description: The master's own devices (C(llama_node_devices)); only GPUs are used.
+    description:
+      - The master's own devices (C(llama_node_devices)); only GPUs are used (C(kind) gpu, or for a
+        C(llama_devices) entry without C(kind), any name but C(CPU)).
     type: list
     elements: dict
   master_is_worker:
@@ -57,8 +59,13 @@ def llama_device_order(workers, local_devices=(), master_is_worker=False, master
             ordered.append(_entry(device, f"RPC{len(ordered)}", host))
     if not master_is_worker:
         ordered += [_entry(device, device["name"], master_host) for device in local_devices or ()
-                    if device.get("kind", "gpu") == "gpu"]
+                    if device_kind(device) == "gpu"]
     return ordered
+
+
+def device_kind(device):
+    """`kind` as discovered; for a `llama_devices` entry without one, llama.cpp's CPU device is named CPU."""
+    return device.get("kind") or ("cpu" if device["name"].upper().startswith("CPU") else "gpu")
 
 
 def _entry(device, name, host):

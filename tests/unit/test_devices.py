@@ -41,3 +41,10 @@ def test_master_cpu_and_master_as_worker_add_no_local_devices():
 def test_worker_without_devices_is_named():
     with pytest.raises(AnsibleFilterError, match="worker b has no llama_node_devices"):
         llama_device_order([worker("a", ("CPU", 1000)), {"inventory_hostname": "b"}])
+
+
+def test_overridden_master_cpu_is_not_a_local_gpu():
+    """llama_devices entries carry no `kind`: the master's CPU must not become a --device."""
+    workers = [worker("a", ("CPU", 40))]
+    local = [{"name": "CPU", "memory_mib": 40}, {"name": "CUDA0", "memory_mib": 8192}]
+    assert [d["name"] for d in llama_device_order(workers, local, False, "m")] == ["RPC0", "CUDA0"]
