@@ -44,7 +44,7 @@ def test_binaries_run_and_report_the_commit(node):
 
 def test_only_the_builder_has_a_toolchain(node):
     has_compiler = node.exists("cmake")
-    assert has_compiler == (node.backend.get_hostname() == "builder")
+    assert has_compiler == (node.check_output("hostname") == "builder")
 
 
 def test_compiled_once_for_both_nodes():

@@ -42,9 +42,9 @@ def test_services_run_as_llama(master, workers):
 def test_worker_listens_on_its_cluster_address_only(master, workers):
     for worker in workers.values():
         ip = address(worker)
-        listening = worker.check_output(f"ss -Hltn sport = :{RPC_PORT}")
-        assert f"{ip}:{RPC_PORT}" in listening
-        assert "0.0.0.0" not in listening and "*:" not in listening
+        # Local address column of every listening socket on the port: only the cluster address.
+        local = [line.split()[3] for line in worker.check_output(f"ss -Hltn sport = :{RPC_PORT}").splitlines()]
+        assert local == [f"{ip}:{RPC_PORT}"]
         # Nothing answers on loopback; the master reaches the cluster address.
         assert worker.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RPC_PORT}'").rc != 0
         assert master.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{RPC_PORT}'").rc == 0
@@ -111,14 +111,14 @@ def test_each_worker_holds_its_layers(master, workers, server_args):
     for index, name in enumerate(WORKERS):
         worker = workers[name]
         expected = sum(size for layer, size in enumerate(weights) if assignment[layer] == index)
-        idle = worker.run(
-            "runuser -u llama -- timeout 20 /opt/llama.cpp/current/bin/ggml-rpc-server -H 127.0.0.1 -p 50999"
-            " >/dev/null 2>&1 & echo $!")
+        idle_server = "/opt/llama.cpp/current/bin/ggml-rpc-server -H 127.0.0.1 -p 50999"
+        idle = worker.run(f"runuser -u llama -- timeout 20 {idle_server} >/dev/null 2>&1 &")
+        assert idle.rc == 0
         time.sleep(2)
-        idle_pid = int(worker.check_output("pgrep -f -- '-p 50999'"))
+        # The server process itself (not runuser or timeout): its command line is exactly this.
+        idle_pid = int(worker.check_output(f"pgrep -fx '{idle_server}'"))
         baseline = _rss_kib(worker, idle_pid)
         worker.run(f"kill {idle_pid}")
-        assert idle.rc == 0
         serving = _rss_kib(worker, main_pid(worker, "llama-rpc-server.service"))
         assert (serving - baseline) * 1024 >= 0.8 * expected, (
             f"{name}: RSS {serving} KiB vs idle {baseline} KiB; expected about {expected / 1024:.0f} KiB of weights")
