@@ -18,6 +18,9 @@ CASES = {
     "port out of range": ({"llama_rpc_port": 70000}, r"llama_rpc_port must be a port number 1-65535, got '70000'"),
     "unknown backend": ({"llamacpp_backend": "rocm"},
                         r"llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm"),
+    # No silent fallback to the CPU: a CUDA build needs the toolkit on the build host.
+    "missing CUDA toolkit": ({"llamacpp_backend": "cuda", "llamacpp_cuda_architectures": "86"},
+                             r"master: llamacpp_backend is cuda but /usr/local/cuda/bin/nvcc does not exist"),
     # Every host's device overridden down to 20 MiB (17 MiB budget each): two workers hold 34 MiB, the
     # model needs ~90 (the master's CPU is no device of its own).
     "model does not fit": ({"llama_devices": [{"name": "CPU", "memory_mib": 20}]},

@@ -1,0 +1,52 @@
+"""playbooks/bench.yml measures every device, stores speeds the next run uses, and leaves the cluster serving."""
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import PROJECT, SERVER_PORT, WORKERS, http_json, wait_health
+
+
+def run(playbook, *extra):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    return subprocess.run(["ansible-playbook", playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"], *extra],
+                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def speeds(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "llama-speeds.json"
+    result = run("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_bench_repetitions=1")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return path, json.loads(path.read_text())
+
+
+def test_every_device_is_measured(speeds):
+    _, recorded = speeds
+    entries = [recorded[name]["CPU"] for name in WORKERS]
+    assert all(entry["tg_tps"] > 0 for entry in entries)
+    assert max(entry["speed"] for entry in entries) == 1.0
+    assert all(0 < entry["speed"] <= 1.0 for entry in entries)
+    assert recorded["_meta"]["commit"] == os.environ["LLAMA_SRC_0_3_36_COMMIT"]
+
+
+def test_cluster_serves_again_after_the_bench(speeds, master):
+    wait_health(master, SERVER_PORT, timeout=60)
+    reply = http_json(master, SERVER_PORT, "/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0})
+    assert reply["tokens_predicted"] == 4
+
+
+def test_next_run_plans_with_the_recorded_speeds(speeds):
+    path, recorded = speeds
+    result = run("playbooks/preflight.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_split_strategy=speed")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    plan = next(line for line in output.splitlines() if "strategy speed:" in line)
+    fastest = max(WORKERS, key=lambda name: recorded[name]["CPU"]["speed"])
+    slowest = min(WORKERS, key=lambda name: recorded[name]["CPU"]["speed"])
+    assert f"{fastest} (CPU)" in plan, plan
+    if recorded[slowest]["CPU"]["speed"] < 1.0:
+        # The model fits the fastest device whole: the speed strategy gives it every layer.
+        assert f"{slowest} (CPU)" not in plan, plan
