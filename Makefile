@@ -42,7 +42,7 @@ lint: venv  ## yamllint + ansible-lint (production profile)
 	yamllint --strict .
 	ansible-lint --strict
 
-unit: venv  ## Python unit tests (planner, GGUF reader, model generator, inventory checks)
+unit: venv  ## Python unit tests (planner, GGUF reader, model generator, device order)
 	source $(FIXTURES_ENV) 2>/dev/null || true; pytest -q tests/unit
 
 test: venv fixtures lint  ## everything: lint, unit tests, molecule scenarios
