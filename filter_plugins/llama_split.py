@@ -3,6 +3,8 @@
 import bisect
 import itertools
 import math
+import re
+import struct
 from collections.abc import Mapping
 from fractions import Fraction
 
@@ -17,8 +19,10 @@ description:
   - Each device's estimated bytes (weights of its layers plus their KV cache at O(ctx_size)) stay within
     its budget, C(memory_mib × 1024² × (1 − reserve_fraction)). Compute buffers are not predictable from
     the model file; the reserve fraction is the headroom for them.
-  - The returned C(layers) are exactly what llama.cpp computes from the returned C(tensor_split) with
-    C(-ngl) covering all layers (checked against C(llamacpp_layer_assignment) before returning).
+  - The returned C(layers) are exactly what llama.cpp computes, in float32 like llama.cpp, from the returned
+    C(tensor_split) with C(-ngl) covering all layers (checked against C(llamacpp_layer_assignment) before
+    returning).
+  - Errors are C(SplitError)s; C(render) writes their message with the caller's names for the arguments.
   - Devices given no layers are left out, so pass the returned C(devices) to C(--device) together with
     the returned C(tensor_split).
 positional: model, ctx_size, reserve_fraction, strategy
@@ -113,11 +117,22 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 MAX_TENSOR_SPLIT_VALUES = 15  # llama.cpp rejects --tensor-split with llama_max_devices() (16) values or more
 STRATEGIES = ("memory", "speed")
-FIT_HINT = "add a device, lower ctx_size or reserve_fraction"
+FIT_HINT = "add a device, lower {ctx_size} or {reserve_fraction}"
+FIELDS = ("devices", "model", "ctx_size", "reserve_fraction", "strategy", "tensor_split")
+_FIELD = re.compile(r"\{(" + "|".join(FIELDS) + r")\}")
+FLT_MAX = float.fromhex("0x1.fffffep+127")
 
 
-def _error(message):
-    return AnsibleFilterError(f"llama_split_plan: {message}")
+class SplitError(AnsibleFilterError):
+    """An error whose message names the filter's arguments by {field} placeholders (FIELDS)."""
+
+    def __init__(self, template):
+        self.template = template
+        super().__init__(f"llama_split_plan: {self.render({})}")
+
+    def render(self, names):
+        """The message without the filter's prefix, each {field} written as names.get(field, field)."""
+        return _FIELD.sub(lambda match: names.get(match[1], match[1]), self.template)
 
 
 def _is_int(value):
@@ -131,27 +146,28 @@ def _is_number(value):
 def _check_int(value, field, minimum):
     if not _is_int(value) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise _error(f"{field} must be {kind}, got {value!r}")
+        raise SplitError(f"{field} must be {kind}, got {value!r}")
     return value
 
 
 def _check_devices(devices):
     """Return (names, memory_mib, speeds) of a validated device list."""
-    if isinstance(devices, (str, Mapping)) or not isinstance(devices, (list, tuple)) or not devices:
-        raise _error(f"devices must be a non-empty list of {{name, memory_mib, speed}} dicts, got {devices!r}")
+    if not isinstance(devices, (list, tuple)) or not devices:
+        raise SplitError(f"{{devices}} must be a non-empty list of {{name, memory_mib, speed}} dicts, "
+                         f"got {devices!r}")
     names, memory, speeds = [], [], []
     for index, device in enumerate(devices):
-        field = f"devices[{index}]"
+        field = f"{{devices}}[{index}]"
         if not isinstance(device, Mapping):
-            raise _error(f"{field} must be a dict with name, memory_mib and optional speed, got {device!r}")
+            raise SplitError(f"{field} must be a dict with name, memory_mib and optional speed, got {device!r}")
         name = device.get("name")
         if not isinstance(name, str) or not name:
-            raise _error(f"{field}.name must be a non-empty string, got {name!r}")
+            raise SplitError(f"{field}.name must be a non-empty string, got {name!r}")
         if name in names:
-            raise _error(f"{field}.name {name!r} is a duplicate of devices[{names.index(name)}].name")
+            raise SplitError(f"{field}.name {name!r} is a duplicate of {{devices}}[{names.index(name)}].name")
         speed = device.get("speed", 1.0)
         if not _is_number(speed) or speed <= 0:
-            raise _error(f"{field}.speed must be a positive number, got {speed!r}")
+            raise SplitError(f"{field}.speed must be a positive number, got {speed!r}")
         names.append(name)
         memory.append(_check_int(device.get("memory_mib"), f"{field}.memory_mib", 1))
         speeds.append(float(speed))
@@ -161,10 +177,10 @@ def _check_devices(devices):
 def _per_layer(model, key, n_layer, minimum):
     """An int, or a list of n_layer ints, as a list of n_layer ints."""
     value = model.get(key)
-    field = f"model.{key}"
+    field = f"{{model}}.{key}"
     if isinstance(value, (list, tuple)):
         if len(value) != n_layer:
-            raise _error(f"{field} has {len(value)} entries but model.n_layer is {n_layer}")
+            raise SplitError(f"{field} has {len(value)} entries but {{model}}.n_layer is {n_layer}")
         return [_check_int(item, f"{field}[{index}]", minimum) for index, item in enumerate(value)]
     return [_check_int(value, field, minimum)] * n_layer
 
@@ -172,21 +188,21 @@ def _per_layer(model, key, n_layer, minimum):
 def _check_model(model):
     """Return (weights, kv_per_token) of the n_layer + 1 layers; the output layer has no KV cache."""
     if not isinstance(model, Mapping):
-        raise _error(f"model must be a dict with n_layer, layer_bytes, output_bytes and kv_bytes_per_token, "
-                     f"got {model!r}")
-    n_layer = _check_int(model.get("n_layer"), "model.n_layer", 1)
+        raise SplitError(f"{{model}} must be a dict with n_layer, layer_bytes, output_bytes and "
+                         f"kv_bytes_per_token, got {model!r}")
+    n_layer = _check_int(model.get("n_layer"), "{model}.n_layer", 1)
     weights = _per_layer(model, "layer_bytes", n_layer, 1)
-    weights.append(_check_int(model.get("output_bytes"), "model.output_bytes", 0))
+    weights.append(_check_int(model.get("output_bytes"), "{model}.output_bytes", 0))
     kv_per_token = _per_layer(model, "kv_bytes_per_token", n_layer, 0) + [0]
     return weights, kv_per_token
 
 
 def _check_options(ctx_size, reserve_fraction, strategy):
-    _check_int(ctx_size, "ctx_size", 1)
+    _check_int(ctx_size, "{ctx_size}", 1)
     if not _is_number(reserve_fraction) or not 0 <= reserve_fraction < 1:
-        raise _error(f"reserve_fraction must be a number in [0, 1), got {reserve_fraction!r}")
+        raise SplitError(f"{{reserve_fraction}} must be a number in [0, 1), got {reserve_fraction!r}")
     if strategy not in STRATEGIES:
-        raise _error(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise SplitError(f"{{strategy}} must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
 class _Layers:
@@ -305,33 +321,73 @@ def _mib(size, rounding=math.ceil):
 def _not_fitting(layers, budgets, ctx_size):
     """The error for a model no split fits; needs round up and budgets down, so the shortfall is never low."""
     need, have = _mib(layers.total), _mib(sum(budgets), math.floor)
-    needs = f"model needs {need} MiB (weights + KV at ctx_size={ctx_size})"
+    needs = f"model needs {need} MiB (weights + KV at {{ctx_size}}={ctx_size})"
     if layers.total > sum(budgets):
-        return _error(f"{needs} but the devices' budgets total {have} MiB: short by {need - have} MiB; {FIT_HINT}")
-    return _error(f"{needs} and the devices' budgets total {have} MiB, but no contiguous "
-                  f"in-order split of its layers fits (largest layer {_mib(layers.largest)} MiB, largest budget "
-                  f"{_mib(max(budgets), math.floor)} MiB): the best split is short by "
-                  f"{_mib(_least_overflow(layers, budgets))} MiB; {FIT_HINT}")
+        return SplitError(f"{needs} but the devices' budgets total {have} MiB: short by {need - have} MiB; "
+                          f"{FIT_HINT}")
+    return SplitError(f"{needs} and the devices' budgets total {have} MiB, but no contiguous "
+                      f"in-order split of its layers fits (largest layer {_mib(layers.largest)} MiB, largest budget "
+                      f"{_mib(max(budgets), math.floor)} MiB): the best split is short by "
+                      f"{_mib(_least_overflow(layers, budgets))} MiB; {FIT_HINT}")
+
+
+def _f32(value):
+    """`value` rounded to float32 as C casts it (inf past the range): exactly C's float +, -, / of floats when
+    computed in double."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _stof(value, field):
+    """What std::stof makes of str(value): the decimal rounded to the nearest float32, ties to even."""
+    exact = Fraction(str(value))
+    if not exact:
+        return 0.0
+    exponent = exact.numerator.bit_length() - exact.denominator.bit_length()
+    if exact < Fraction(2) ** exponent:
+        exponent -= 1  # now 2**exponent <= exact < 2**(exponent + 1)
+    ulp = Fraction(2) ** (exponent - 23)
+    rounded = round(exact / ulp) * ulp
+    if exponent < -126 or rounded > FLT_MAX:
+        raise SplitError(f"{field} is {value!r}, outside float32's range: llama.cpp's std::stof refuses it "
+                         "(use 0 or a value from 1.2e-38 to 3.4e38)")
+    return float(rounded)
+
+
+def _float32_split(tensor_split):
+    """The tensor_split values as llama.cpp holds them (float32), refused where llama.cpp refuses them
+    or would split by free memory instead (all zeros)."""
+    if not isinstance(tensor_split, (list, tuple)) or not tensor_split:
+        raise SplitError(f"{{tensor_split}} must be a non-empty list of non-negative numbers, got {tensor_split!r}")
+    if len(tensor_split) > MAX_TENSOR_SPLIT_VALUES:
+        raise SplitError(f"{{tensor_split}} has {len(tensor_split)} values but llama.cpp accepts at most "
+                         f"{MAX_TENSOR_SPLIT_VALUES}")
+    values = []
+    for index, value in enumerate(tensor_split):
+        if not _is_number(value) or value < 0:
+            raise SplitError(f"{{tensor_split}}[{index}] must be a non-negative number, got {value!r}")
+        values.append(_stof(value, f"{{tensor_split}}[{index}]"))
+    if not any(values):
+        raise SplitError(f"{{tensor_split}} must give a device a positive value, got {list(tensor_split)!r} "
+                         "(with all zeros llama.cpp splits by free memory instead)")
+    return values
 
 
 def llamacpp_layer_assignment(n_layer, ngl, tensor_split):
     """The device index llama.cpp gives each of the n_layer + 1 layers (None: stays on the CPU).
 
-    Mirrors llama_model::load_tensors (src/llama-model.cpp): split points are the cumulative normalized
-    tensor_split weights and layer il goes to the first device whose split point exceeds
-    (il - i_gpu_start) / act_gpu_layers. Index n_layer is the output layer; ngl >= n_layer + 1 offloads
-    everything (older trees started at n_layer - ngl, which differs only for partial offload).
-    llama.cpp computes in float32: for integer counts summing to n_layer + 1 both sides are correctly
-    rounded quotients over the same denominator, which order like their numerators in float32 and in
-    doubles alike, so this gives llama.cpp's answer.
+    Emulates llama_model::load_tensors (src/llama-model.cpp) in float32, as llama.cpp computes it: the split
+    points are the float32 prefix sums of the values divided by their total, and layer il goes to the first
+    device whose split point exceeds (il - i_gpu_start) / act_gpu_layers. Index n_layer is the output layer.
     """
-    if not tensor_split or min(tensor_split) < 0 or sum(tensor_split) <= 0:
-        raise _error(f"tensor_split must be non-negative numbers with a positive sum, got {tensor_split!r}")
-    cumulative = list(itertools.accumulate(tensor_split))
-    split_points = [value / cumulative[-1] for value in cumulative]
+    prefix = list(itertools.accumulate(_float32_split(tensor_split), lambda total, value: _f32(total + value)))
+    total = prefix[-1]
+    if total > FLT_MAX:
+        raise SplitError(f"{{tensor_split}} sums past float32's largest value (3.4e38), got {list(tensor_split)!r}: "
+                         "scale the values down")
+    split_points = [_f32(value / total) for value in prefix]
     active = min(ngl, n_layer + 1)
     start = n_layer + 1 - active
-    return [None if il < start else bisect.bisect_right(split_points, (il - start) / active)
+    return [None if il < start else bisect.bisect_right(split_points, _f32((il - start) / active))
             for il in range(n_layer + 1)]
 
 
@@ -340,17 +396,18 @@ def _verify(plan, n_layer):
     assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, plan["tensor_split"])
     for index, (first, end) in enumerate(plan["layers"]):
         if assignment[first:end] != [index] * (end - first) or assignment.count(index) != end - first:
-            raise _error(f"internal error: llama.cpp would not place layers {first}..{end - 1} on "
-                         f"{plan['devices'][index]} from tensor_split {plan['tensor_split']}")
+            raise SplitError(f"internal error: llama.cpp would not place layers {first}..{end - 1} on "
+                             f"{plan['devices'][index]} from --tensor-split {plan['tensor_split']}")
     if any(size > budget for size, budget in zip(plan["bytes"], plan["budget_bytes"])):
-        raise _error(f"internal error: a device exceeds its budget in {plan!r}")
+        raise SplitError(f"internal error: a device exceeds its budget in {plan!r}")
 
 
 def _plan(names, counts, layers, budgets, strategy):
     used = [index for index, count in enumerate(counts) if count]
     if len(used) > MAX_TENSOR_SPLIT_VALUES:
-        raise _error(f"the plan gives layers to {len(used)} devices but llama.cpp accepts at most "
-                     f"{MAX_TENSOR_SPLIT_VALUES} --tensor-split values: pass at most {MAX_TENSOR_SPLIT_VALUES} devices")
+        raise SplitError(f"the plan gives layers to {len(used)} devices but llama.cpp accepts at most "
+                         f"{MAX_TENSOR_SPLIT_VALUES} --tensor-split values: pass at most "
+                         f"{MAX_TENSOR_SPLIT_VALUES} devices")
     ends = list(itertools.accumulate(counts))
     ranges = [[ends[index] - counts[index], ends[index]] for index in used]
     return {
@@ -385,31 +442,31 @@ def llama_split_plan(devices, model, ctx_size=4096, reserve_fraction=0.15, strat
 
 
 def llama_split_given(devices, model, tensor_split, ctx_size=4096, reserve_fraction=0.15):
-    """The plan for an explicit --tensor-split (llama_tensor_split), used as given but checked.
+    """The plan for an explicit --tensor-split (llama_tensor_split, one value per device), checked.
 
-    The values keep the user's proportions; the layers are where llama.cpp puts them, and every device's
-    estimate must stay within its budget like a planned split's.
+    The layers are where llama.cpp puts them from those values (in float32); the returned tensor_split is
+    each device's layer count, the same placement without the devices given no layers (leaving such a
+    device out of the user's values could move layers). Every device's estimate must stay within its
+    budget like a planned split's.
     """
     names, memory_mib, _ = _check_devices(devices)
     weights, kv_per_token = _check_model(model)
     _check_options(ctx_size, reserve_fraction, "memory")
-    if not isinstance(tensor_split, (list, tuple)) or len(tensor_split) != len(names):
-        count = len(tensor_split) if isinstance(tensor_split, (list, tuple)) else "no list of"
-        raise _error(f"llama_tensor_split has {count} values but the cluster has {len(names)} devices "
-                     f"({', '.join(names)}): give one value per device, in that order")
-    if not all(_is_number(value) for value in tensor_split):
-        raise _error(f"llama_tensor_split must hold numbers, got {list(tensor_split)!r}")
+    if isinstance(tensor_split, (list, tuple)) and len(tensor_split) != len(names):
+        raise SplitError(f"{{tensor_split}} has {len(tensor_split)} values but the cluster has {len(names)} "
+                         f"devices ({', '.join(names)}): give one value per device, in that order")
     n_layer = len(weights) - 1
-    assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, list(tensor_split))
+    assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, tensor_split)
     counts = [assignment.count(index) for index in range(len(names))]
     layers = _Layers(weights, [weight + kv * ctx_size for weight, kv in zip(weights, kv_per_token)])
     budgets = [int(memory * MIB * (1 - reserve_fraction)) for memory in memory_mib]
     plan = _plan(names, counts, layers, budgets, "given")
-    plan["tensor_split"] = [tensor_split[names.index(name)] for name in plan["devices"]]
     for name, size, budget in zip(plan["devices"], plan["bytes"], plan["budget_bytes"]):
         if size > budget:
-            raise _error(f"llama_tensor_split puts {_mib(size)} MiB on {name}, over its budget of "
-                         f"{_mib(budget, math.floor)} MiB: short by {_mib(size - budget)} MiB; {FIT_HINT}")
+            raise SplitError(f"{{tensor_split}} puts {_mib(size)} MiB on {name}, over its budget of "
+                             f"{_mib(budget, math.floor)} MiB: short by {_mib(size - budget)} MiB; give {name} "
+                             f"a smaller share, {FIT_HINT}")
+    _verify(plan, n_layer)
     return plan
 
 

@@ -1,4 +1,4 @@
-"""Checks shared by the chrony scenarios' testinfra tests (imported with molecule/shared on sys.path)."""
+"""Checks shared by the chrony scenarios' testinfra tests (molecule/shared is on the verifier's PYTHONPATH)."""
 
 import os
 import time

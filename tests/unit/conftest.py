@@ -1,4 +1,4 @@
-"""Make the filter plugin and module_utils importable as plain modules (`import llama_split`, `import llama_gguf`)."""
+"""Make the plugins and module_utils importable as plain modules (`import llama_split`, `import llama_gguf`)."""
 
 import importlib.util
 import sys
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "filter_plugins"))
 
 
-def _load(name, path):
+def load(name, path):
     """Import a file directly, without Ansible's module_utils loader."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -18,5 +18,5 @@ def _load(name, path):
     return module
 
 
-_load("llama_gguf", ROOT / "module_utils" / "llama_gguf.py")
-_load("llama_device_info", ROOT / "library" / "llama_device_info.py")
+load("llama_gguf", ROOT / "module_utils" / "llama_gguf.py")
+load("llama_device_info", ROOT / "library" / "llama_device_info.py")

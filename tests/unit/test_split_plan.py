@@ -5,6 +5,7 @@ import copy
 import itertools
 import math
 
+import numpy
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
@@ -12,19 +13,21 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_split
-from llama_split import llama_split_plan, llamacpp_layer_assignment
+from llama_split import SplitError, llama_split_given, llama_split_plan, llamacpp_layer_assignment
 
 MIB = 1024 * 1024
 GIB_MIB = 1024
+F32 = numpy.float32
 
 
 def assign(n_layer, ngl, ts):
-    """LLAMACPP.md's transcription of llama-model.cpp's layer assignment (kept independent of the plugin)."""
-    c = list(itertools.accumulate(ts))
-    c = [x / c[-1] for x in c]
+    """LLAMACPP.md's transcription of llama-model.cpp's layer assignment, in numpy float32 like llama.cpp
+    (kept independent of the plugin)."""
+    c = numpy.cumsum(numpy.array(ts, dtype=F32), dtype=F32)
+    c = c / c[-1]
     act = min(ngl, n_layer + 1)
     st_ = n_layer + 1 - act
-    return [None if il < st_ else bisect.bisect_right(c, (il - st_) / act) for il in range(n_layer + 1)]
+    return [None if il < st_ else bisect.bisect_right(c, F32(il - st_) / F32(act)) for il in range(n_layer + 1)]
 
 
 def ranges_from_assignment(assignment):
@@ -367,8 +370,9 @@ def _with(base, path, value):
     (GOOD_DEVICES, GOOD_MODEL, {"strategy": "fastest"}, "strategy must be one of memory, speed, got 'fastest'"),
 ])
 def test_invalid_input_names_the_field(devices, model, options, message):
-    with pytest.raises(AnsibleFilterError, match=f"^llama_split_plan: {message}"):
+    with pytest.raises(SplitError, match=f"^llama_split_plan: {message}") as err:
         llama_split_plan(devices, model, **options)
+    assert str(err.value) == f"llama_split_plan: {err.value.render({})}"
 
 
 @pytest.mark.parametrize("ts, expected", [
@@ -381,19 +385,155 @@ def test_llamacpp_layer_assignment_full_offload(ts, expected):
 
 
 def test_llamacpp_layer_assignment_partial_offload_keeps_first_layers_on_cpu():
-    assert llamacpp_layer_assignment(3, 2, [1, 1]) == [None, None, 0, 1]
+    assert llamacpp_layer_assignment(3, 2, [1, 1]) == [None, None, 0, 1] == assign(3, 2, [1, 1])
 
 
-@pytest.mark.parametrize("ts", [[], [0, 0], [1, -1]])
-def test_llamacpp_layer_assignment_rejects_bad_splits(ts):
-    with pytest.raises(AnsibleFilterError, match="tensor_split must be non-negative"):
+def test_llamacpp_layer_assignment_is_float32_like_llama_cpp():
+    """0.1f + 0.2f rounds to 0.3f, which equals 3f / 10f: layer 3 goes past that split point."""
+    expected = [0, 1, 1, 2, 2, 2, 2, 2, 2, 2]
+    assert llamacpp_layer_assignment(9, 10, [0.1, 0.2, 0.7]) == expected == assign(9, 10, [0.1, 0.2, 0.7])
+    sums = list(itertools.accumulate([0.1, 0.2, 0.7]))
+    assert bisect.bisect_right([value / sums[-1] for value in sums], 3 / 10) == 1  # float64 says device 1
+
+
+SPLIT_VALUES = st.one_of(
+    st.integers(0, 1000),
+    st.builds(lambda units, decimals: units / 10 ** decimals, st.integers(0, 10 ** 4), st.integers(1, 3)),
+)
+TENSOR_SPLITS = st.lists(SPLIT_VALUES, min_size=1, max_size=15).filter(any)
+
+
+@st.composite
+def aligned_splits(draw):
+    """(n_layer, decimal split) whose exact split points are multiples of 1 / (n_layer + 1): the ties where
+    float32 and float64 disagree."""
+    decimals = draw(st.integers(1, 3))
+    bounds = [0, *sorted(draw(st.lists(st.integers(0, 10 ** decimals), max_size=14))), 10 ** decimals]
+    scale = draw(st.sampled_from([1, 2, 3, 10]))
+    n_layer = draw(st.sampled_from([10, 20, 40, 50, 100, 200])) - 1
+    return n_layer, [(last - first) * scale / 10 ** decimals for first, last in zip(bounds, bounds[1:])]
+
+
+SPLIT_CASES = st.one_of(st.tuples(st.integers(1, 200), TENSOR_SPLITS), aligned_splits())
+
+
+def assign_in_doubles(n_layer, ts):
+    sums = list(itertools.accumulate(ts))
+    return [bisect.bisect_right([value / sums[-1] for value in sums], il / (n_layer + 1)) for il in range(n_layer + 1)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 210), TENSOR_SPLITS)
+def test_llamacpp_layer_assignment_matches_float32(n_layer, ngl, ts):
+    assert llamacpp_layer_assignment(n_layer, ngl, ts) == assign(n_layer, ngl, ts)
+
+
+@settings(max_examples=500, deadline=None)
+@given(aligned_splits())
+def test_llamacpp_layer_assignment_matches_float32_at_ties(case):
+    n_layer, ts = case
+    assignment = llamacpp_layer_assignment(n_layer, n_layer + 1, ts)
+    event("float64 differs" if assignment != assign_in_doubles(n_layer, ts) else "float64 agrees")
+    assert assignment == assign(n_layer, n_layer + 1, ts)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0.1, float(F32(0.1))),
+    (3, 3.0),
+    (2 ** 24 + 1, 2.0 ** 24),  # a tie: to even
+    (2 ** 24 + 3, 2.0 ** 24 + 4),
+    (2 ** 60 + 2 ** 36 + 1, 2.0 ** 60 + 2 ** 37),  # just above a tie
+])
+def test_values_are_read_like_std_stof(value, expected):
+    assert llama_split._stof(value, "x") == expected
+
+
+def test_values_are_rounded_once_not_through_a_double():
+    value = 2 ** 60 + 2 ** 36 + 1  # the nearest double is the tie 2**60 + 2**36, which rounds down to even
+    assert float(F32(float(value))) == 2.0 ** 60 != llama_split._stof(value, "x")
+
+
+def test_fifteen_values_are_accepted():
+    assert llamacpp_layer_assignment(14, 15, [1] * 15) == list(range(15))
+
+
+@pytest.mark.parametrize("ts, message", [
+    ([], r"tensor_split must be a non-empty list of non-negative numbers, got \[\]"),
+    ("3,1", r"tensor_split must be a non-empty list of non-negative numbers, got '3,1'"),
+    ([0, 0], r"tensor_split must give a device a positive value, got \[0, 0\] \(with all zeros llama\.cpp splits "
+             r"by free memory instead\)"),
+    ([1, -1], r"tensor_split\[1\] must be a non-negative number, got -1"),
+    ([1, "2"], r"tensor_split\[1\] must be a non-negative number, got '2'"),
+    ([True, 1], r"tensor_split\[0\] must be a non-negative number, got True"),
+    ([1, math.inf], r"tensor_split\[1\] must be a non-negative number, got inf"),
+    ([1] * 16, "tensor_split has 16 values but llama.cpp accepts at most 15$"),
+    ([1, 1e-39], r"tensor_split\[1\] is 1e-39, outside float32's range: llama\.cpp's std::stof refuses it"),
+    ([1, 10 ** 39], r"tensor_split\[1\] is 1000000000000000000000000000000000000000, outside float32's range"),
+    ([3e38, 3e38], r"tensor_split sums past float32's largest value \(3\.4e38\), got \[3e\+38, 3e\+38\]"),
+])
+def test_llamacpp_layer_assignment_rejects_bad_splits(ts, message):
+    with pytest.raises(SplitError, match=f"^llama_split_plan: {message}"):
         llamacpp_layer_assignment(4, 5, ts)
+
+
+NAMES = {"devices": "llama_devices", "model": "llama_model_path", "ctx_size": "llama_server_ctx_size",
+         "reserve_fraction": "llama_split_reserve_fraction", "strategy": "llama_split_strategy",
+         "tensor_split": "llama_tensor_split"}
+
+
+def _error_of(call):
+    with pytest.raises(SplitError) as err:
+        call()
+    return err.value
+
+
+def test_error_renders_with_the_callers_names():
+    err = _error_of(lambda: llama_split_plan(GOOD_DEVICES, GOOD_MODEL, reserve_fraction=1.5))
+    assert str(err) == "llama_split_plan: reserve_fraction must be a number in [0, 1), got 1.5"
+    names = {key: NAMES[key] for key in ("reserve_fraction", "ctx_size", "tensor_split", "strategy")}
+    assert err.render(names) == "llama_split_reserve_fraction must be a number in [0, 1), got 1.5"
+    assert err.render({}) == "reserve_fraction must be a number in [0, 1), got 1.5"
+    assert isinstance(err, AnsibleFilterError)
+
+
+@pytest.mark.parametrize("call, rendered", [
+    (lambda: llama_split_plan(GOOD_DEVICES, GOOD_MODEL, strategy="fastest"),
+     "llama_split_strategy must be one of memory, speed, got 'fastest'"),
+    (lambda: llama_split_plan(GOOD_DEVICES, GOOD_MODEL, ctx_size=0),
+     "llama_server_ctx_size must be a positive integer, got 0"),
+    (lambda: llama_split_plan(_with(GOOD_DEVICES, [1, "memory_mib"], -3), GOOD_MODEL),
+     "llama_devices[1].memory_mib must be a positive integer, got -3"),
+    (lambda: llama_split_plan(_with(GOOD_DEVICES, [1, "name"], "RPC0"), GOOD_MODEL),
+     "llama_devices[1].name 'RPC0' is a duplicate of llama_devices[0].name"),
+    (lambda: llama_split_plan({"name": "RPC0", "memory_mib": 1}, GOOD_MODEL),
+     "llama_devices must be a non-empty list of {name, memory_mib, speed} dicts, "
+     "got {'name': 'RPC0', 'memory_mib': 1}"),
+    (lambda: llama_split_plan(GOOD_DEVICES, _with(GOOD_MODEL, ["layer_bytes"], [MIB] * 5)),
+     "llama_model_path.layer_bytes has 5 entries but llama_model_path.n_layer is 6"),
+    (lambda: llama_split_given(GOOD_DEVICES, GOOD_MODEL, [1, 0.5, 1]),
+     "llama_tensor_split has 3 values but the cluster has 2 devices (RPC0, RPC1): give one value per device, in that "
+     "order"),
+    (lambda: llama_split_given(GOOD_DEVICES, GOOD_MODEL, [1, -0.5]),
+     "llama_tensor_split[1] must be a non-negative number, got -0.5"),
+    (lambda: llama_split_given(GOOD_DEVICES, GOOD_MODEL, [0, 0.0]),
+     "llama_tensor_split must give a device a positive value, got [0, 0.0] (with all zeros llama.cpp splits by free "
+     "memory instead)"),
+])
+def test_errors_name_fields_with_the_callers_names(call, rendered):
+    assert _error_of(call).render(NAMES) == rendered
+
+
+def test_fit_hint_renders_with_the_callers_names():
+    err = _error_of(lambda: llama_split_plan(_devices(8, 8), _equal_layers(32, 1024, kv_bytes_per_token=1024)))
+    assert "model needs 33920 MiB (weights + KV at llama_server_ctx_size=4096)" in err.render(NAMES)
+    assert err.render(NAMES).endswith("; add a device, lower llama_server_ctx_size or llama_split_reserve_fraction")
+    assert str(err).endswith("; add a device, lower ctx_size or reserve_fraction")
 
 
 def test_filter_is_registered_and_documented():
     assert llama_split.FilterModule().filters() == {
         "llama_split_plan": llama_split_plan,
-        "llama_split_given": llama_split.llama_split_given,
+        "llama_split_given": llama_split_given,
         "llama_split_table": llama_split.llama_split_table,
     }
     doc = yaml.safe_load(llama_split.DOCUMENTATION)
@@ -409,23 +549,61 @@ GIVEN_MODEL = {"n_layer": 7, "layer_bytes": 10 * 1024 * 1024, "output_bytes": 30
                "kv_bytes_per_token": 0}
 
 
-def test_given_split_is_used_as_given_with_llama_cpp_layers():
-    plan = llama_split.llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [3, 1])
-    assert plan["tensor_split"] == [3, 1]
+def _roomy(count):
+    return [{"name": f"RPC{index}", "memory_mib": 1024} for index in range(count)]
+
+
+def test_given_split_gives_llama_cpp_layers_as_counts():
+    plan = llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [3, 1])
     assert plan["layers"] == [[0, 6], [6, 8]]
-    assignment = llamacpp_layer_assignment(7, 8, [3, 1])
-    assert assignment == [0] * 6 + [1] * 2
+    assert plan["tensor_split"] == [6, 2]
+    assert plan["strategy"] == "given"
+    assert llamacpp_layer_assignment(7, 8, [3, 1]) == [0] * 6 + [1] * 2
+
+
+def test_given_fractional_split_follows_float32():
+    plan = llama_split_given(_roomy(3), _equal_layers(9, 1), [0.1, 0.2, 0.7])
+    assert plan["layers"] == [[0, 1], [1, 3], [3, 10]]
+    assert plan["tensor_split"] == [1, 2, 7]
+
+
+def test_given_split_leaves_out_a_device_without_layers_without_moving_layers():
+    """RPC2's 0.1 gets it no layer, but --tensor-split 0.8,0.7 alone would move layer 5 to RPC0."""
+    plan = llama_split_given(_roomy(3), _equal_layers(9, 1), [0.8, 0.7, 0.1])
+    assert plan["devices"] == ["RPC0", "RPC1"]
+    assert plan["layers"] == [[0, 5], [5, 10]]
+    assert plan["tensor_split"] == [5, 5]
+    assert assign(9, 10, [0.8, 0.7]).count(0) == 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(SPLIT_CASES)
+def test_given_split_places_layers_like_llama_cpp(case):
+    n_layer, ts = case
+    devices, model = _roomy(len(ts)), _equal_layers(n_layer, 1)
+    plan = llama_split_given(devices, model, ts)
+    ranges = ranges_from_assignment(assign(n_layer, n_layer + 1, ts))
+    assert plan["devices"] == [f"RPC{index}" for index in sorted(ranges)]
+    assert plan["layers"] == [ranges[index] for index in sorted(ranges)]
+    check_plan(plan, devices, model, 4096, 0.15)  # and its tensor_split gives llama.cpp the same layers
 
 
 def test_given_split_must_match_the_device_count():
-    with pytest.raises(AnsibleFilterError, match=r"llama_tensor_split has 3 values but the cluster has 2 devices"):
-        llama_split.llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [1, 1, 1])
+    with pytest.raises(SplitError, match=r"^llama_split_plan: tensor_split has 3 values but the cluster has 2 devices"):
+        llama_split_given(GIVEN_DEVICES, GIVEN_MODEL, [1, 1, 1])
+
+
+def test_given_split_of_more_than_15_values_is_refused():
+    with pytest.raises(SplitError, match="^llama_split_plan: tensor_split has 16 values but llama.cpp accepts at most"):
+        llama_split_given(_roomy(16), _equal_layers(15, 1), [1] * 16)
 
 
 def test_given_split_must_fit():
     small = [{"name": "RPC0", "memory_mib": 1024}, {"name": "RPC1", "memory_mib": 40}]
-    with pytest.raises(AnsibleFilterError, match=r"llama_tensor_split puts 40 MiB on RPC1, over its budget of 34 MiB"):
-        llama_split.llama_split_given(small, GIVEN_MODEL, [6, 2])
+    err = _error_of(lambda: llama_split_given(small, GIVEN_MODEL, [6, 2]))
+    assert str(err) == ("llama_split_plan: tensor_split puts 40 MiB on RPC1, over its budget of 34 MiB: short by "
+                        "6 MiB; give RPC1 a smaller share, add a device, lower ctx_size or reserve_fraction")
+    assert err.render(NAMES).startswith("llama_tensor_split puts 40 MiB on RPC1")
 
 
 def test_table_lists_devices_hosts_layers_and_budgets():

@@ -1,12 +1,7 @@
 """The chrony role: a time server with a local reference and a client that follows it."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from chrony_checks import RUNNER, address_of, directives, wait_for_source  # noqa: E402 (importable only after the sys.path line)
+from chrony_checks import RUNNER, address_of, directives, wait_for_source
 
 testinfra_hosts = RUNNER.get_hosts("all")
 DIRECTIVES = ("server", "pool", "allow", "local", "makestep")

@@ -1,12 +1,7 @@
 """playbooks/timesync.yml, air-gapped: the master is the workers' only time source."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from chrony_checks import RUNNER, address_of, directives, wait_for_source  # noqa: E402 (importable only after the sys.path line)
+from chrony_checks import RUNNER, address_of, directives, wait_for_source
 
 testinfra_hosts = RUNNER.get_hosts("all")
 DROPIN = "/etc/systemd/system/chrony.service.d/no-clock-control.conf"

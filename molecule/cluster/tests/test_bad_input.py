@@ -1,41 +1,55 @@
-"""Bad input stops site.yml in preflight, naming host and variable, and leaves the running cluster alone."""
+"""Bad input stops site.yml before any host changes, with one message that names the host, the variable and
+the fix, and leaves the running cluster alone."""
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
-from conftest import PROJECT, SERVER_PORT, WORKERS, main_pid, wait_health
+from cluster_helpers import SERVER_PORT, WORKERS, main_pid, run_playbook, wait_health
 
+# (extra vars, the failing host's message: the whole `msg`, from its start, matched as a regex)
 CASES = {
-    "short commit": ({"llamacpp_commit": "0c1e570"}, r"\[master\].*llamacpp_commit must be a full 40-hex"),
-    "non-hex commit": ({"llamacpp_commit": "z" * 40}, r"llamacpp_commit must be a full 40-hex"),
+    "short commit": ({"llamacpp_commit": "0c1e570"}, r"master: llamacpp_commit must be a full 40-hex"),
+    "non-hex commit": ({"llamacpp_commit": "z" * 40}, r"\w+: llamacpp_commit must be a full 40-hex"),
     "archive checksum": ({"llamacpp_archive_sha256": "0" * 64},
-                         r"llamacpp_archive .* has sha256 [0-9a-f]{64}, not llamacpp_archive_sha256 0{64}"),
-    "shared endpoint": ({"llama_rpc_bind_address": "10.255.255.1"},
-                        r"worker\d: llama_rpc_bind_address:llama_rpc_port 10\.255\.255\.1:50052 is also used by worker\d"),
-    "port out of range": ({"llama_rpc_port": 70000}, r"llama_rpc_port must be a port number 1-65535, got '70000'"),
+                         r"\w+: llamacpp_archive .* has sha256 [0-9a-f]{64}, not llamacpp_archive_sha256 0{64}"),
+    "git without a URL": ({"llamacpp_source": "git", "llamacpp_git_url": ""},
+                          r"\w+: llamacpp_source is 'git', so llamacpp_git_url must be a repository URL .* got ''"),
+    "RPC port out of range": ({"llama_rpc_port": 70000},
+                              r"worker\d: llama_rpc_port must be a port number 1-65535 \(got 70000\)"),
+    "API port out of range": ({"llama_server_port": 99999},
+                              r"master: llama_server_port must be a port number 1-65535 \(got 99999\)"),
+    "port not a number": ({"llama_rpc_port": "fifty"}, r"worker\d: llama_rpc_port must be an int, got 'fifty'\. "),
     "unknown backend": ({"llamacpp_backend": "rocm"},
-                        r"llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm"),
+                        r"\w+: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm\."),
+    "misspelt variable": ({"llama_rpc_prot": 50053},
+                          r"\w+: llama_rpc_prot is not a variable of any role \(did you mean llama_rpc_port\?\)"),
+    "bind address not on the host": ({"llama_rpc_bind_address": "10.255.255.1"},
+                                     r"worker\d: the RPC server would bind to '10\.255\.255\.1' "
+                                     r"\(llama_rpc_bind_address\), which is not an IPv4 address of worker\d"),
     # No silent fallback to the CPU: a CUDA build needs the toolkit on the build host.
     "missing CUDA toolkit": ({"llamacpp_backend": "cuda", "llamacpp_cuda_architectures": "86"},
                              r"master: llamacpp_backend is cuda but /usr/local/cuda/bin/nvcc does not exist"),
+    "missing model": ({"llama_model_path": "/srv/models/missing.gguf"},
+                      r"master: llama_model_path '/srv/models/missing\.gguf' cannot be read as a GGUF model on "
+                      r"master: .*Put the model there, or point llama_model_path at it\."),
+    # Planner errors name the inventory variables, not the filter's arguments.
+    "reserve fraction": ({"llama_split_reserve_fraction": 1.5},
+                         r"master: llama_split_reserve_fraction must be a number in \[0, 1\), got 1\.5$"),
+    "tensor split count": ({"llama_tensor_split": [1, 2, 3]},
+                           r"master: llama_tensor_split has 3 values but the cluster has 2 devices \(RPC0, RPC1\)"),
     # Every host's device overridden down to 20 MiB (17 MiB budget each): two workers hold 34 MiB, the
     # model needs ~90 (the master's CPU is no device of its own).
     "model does not fit": ({"llama_devices": [{"name": "CPU", "memory_mib": 20}]},
-                           r"model needs \d+ MiB \(weights \+ KV at ctx_size=2048\) but the devices' budgets "
-                           r"total 34 MiB: short by \d+ MiB"),
+                           r"master: model needs \d+ MiB \(weights \+ KV at ctx_size=2048\) but the devices' budgets "
+                           r"total 34 MiB: short by \d+ MiB; add a device, lower llama_server_ctx_size or "
+                           r"llama_split_reserve_fraction$"),
 }
 
 
-def run_site(extra_vars):
-    # JSON results: each failure on one line, as the user's message says it (no YAML folding or quoting).
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
-    args = ["ansible-playbook", "site.yml", "-i", os.environ["MOLECULE_INVENTORY_FILE"]]
-    args += ["-e", json.dumps(extra_vars)]
-    return subprocess.run(args, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+def failure_messages(output):
+    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
+    return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +59,13 @@ def before(master, workers):
     return pids
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_preflight_rejects(case, before, master, workers):
-    extra_vars, message = CASES[case]
-    result = run_site(extra_vars)
+def assert_refused_before_any_change(result, message, before, master, workers):
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
-    assert re.search(message, output), output[-3000:]
-    # It stopped in a preflight play: no later play started, no host changed.
-    assert "PLAY [Preflight" in output
+    messages = failure_messages(output)
+    assert any(re.match(message, text) for text in messages), (messages, output[-3000:])
+    # It stopped in the facts or preflight plays: no later play started, no host changed.
+    assert "PLAY [Facts]" in output
     for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Run the RPC server", "Run llama-server"):
         assert f"PLAY [{later}" not in output, output[-3000:]
     assert not re.search(r"changed=[1-9]", output)
@@ -62,3 +74,34 @@ def test_preflight_rejects(case, before, master, workers):
     for name in WORKERS:
         assert main_pid(workers[name], "llama-rpc-server.service") == before[name]
     wait_health(master, SERVER_PORT, timeout=10)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_preflight_rejects(case, before, master, workers):
+    extra_vars, message = CASES[case]
+    result = run_playbook("site.yml", "-e", json.dumps(extra_vars), timeout=600)
+    assert_refused_before_any_change(result, message, before, master, workers)
+
+
+def test_rpc_port_equal_to_the_api_port_on_a_host_in_both_groups(before, master, workers, tmp_path):
+    """The RPC server would take the API's port and llama-server would crash-loop: refused in preflight."""
+    both = tmp_path / "master-is-a-worker.yml"
+    both.write_text("llama_workers:\n  hosts:\n    master:\n")
+    result = run_playbook("site.yml", "-i", str(both), "-e", f"llama_rpc_port={SERVER_PORT}", timeout=600)
+    message = (r"master is in llama_master and llama_workers, and llama_rpc_port equals llama_server_port "
+               rf"\({SERVER_PORT}\): the RPC server would take the API's port")
+    assert_refused_before_any_change(result, message, before, master, workers)
+
+
+def test_port_taken_by_another_program(before, master, workers):
+    port = 18080
+    assert master.run(f"systemd-run --unit=port-thief python3 -m http.server {port}").rc == 0
+    try:
+        listening = f"for i in $(seq 50); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; sleep 0.2; done; exit 1"
+        assert master.run(listening).rc == 0
+        result = run_playbook("site.yml", "-e", f"llama_server_port={port}", timeout=600)
+    finally:
+        master.run("systemctl stop port-thief")
+    message = (rf"master: llama_server_port {port} is in use by python3 on (0\.0\.0\.0|\*|\[::\]). Choose a free "
+               r"port in the inventory, or stop that program\.")
+    assert_refused_before_any_change(result, message, before, master, workers)

@@ -2,23 +2,15 @@
 
 import json
 import os
-import subprocess
 
 import pytest
-from conftest import PROJECT, SERVER_PORT, WORKERS, http_json, wait_health
-
-
-def run(playbook, *extra):
-    env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
-    return subprocess.run(["ansible-playbook", playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"], *extra],
-                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+from cluster_helpers import SERVER_PORT, WORKERS, http_json, run_playbook, wait_health
 
 
 @pytest.fixture(scope="module")
 def speeds(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "llama-speeds.json"
-    result = run("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_bench_repetitions=1")
+    result = run_playbook("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_bench_repetitions=1")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return path, json.loads(path.read_text())
 
@@ -40,7 +32,7 @@ def test_cluster_serves_again_after_the_bench(speeds, master):
 
 def test_next_run_plans_with_the_recorded_speeds(speeds):
     path, recorded = speeds
-    result = run("playbooks/preflight.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_split_strategy=speed")
+    result = run_playbook("playbooks/preflight.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_split_strategy=speed")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     plan = next(line for line in output.splitlines() if "strategy speed:" in line)

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
-                      wait_health)
+from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
+                             wait_health)
 from llama_gguf import read_model_info
 from llama_split import llamacpp_layer_assignment
 
@@ -45,9 +45,20 @@ def test_worker_listens_on_its_cluster_address_only(master, workers):
         # Local address column of every listening socket on the port: only the cluster address.
         local = [line.split()[3] for line in worker.check_output(f"ss -Hltn sport = :{RPC_PORT}").splitlines()]
         assert local == [f"{ip}:{RPC_PORT}"]
-        # Nothing answers on loopback; the master reaches the cluster address.
+        # Nothing answers on loopback (refused: nothing is queued on the real socket).
         assert worker.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RPC_PORT}'").rc != 0
-        assert master.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{RPC_PORT}'").rc == 0
+        # The master reached the cluster address: llama-server holds a connection to it.
+        connections = master.check_output(f"ss -Htnp state established dst {ip}:{RPC_PORT}")
+        assert "llama-server" in connections, connections
+
+
+def test_readiness_checks_leave_no_connection_queued(workers):
+    """An RPC server serves one client at a time with a listen backlog of 1: a probe that connects while the
+    master is served waits in the accept queue for good, and after two such probes the port takes no more
+    connections. The converge and idempotence runs must leave that queue empty (Recv-Q 0)."""
+    for name, worker in workers.items():
+        listening = worker.check_output(f"ss -Hltn sport = :{RPC_PORT}").split()
+        assert listening[1] == "0", f"{name}: {listening[1]} connection(s) queued on the RPC port: {listening}"
 
 
 def test_master_command_line_names_rpc_device_and_split(server_args, workers):

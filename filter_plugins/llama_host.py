@@ -1,0 +1,80 @@
+"""Filters that read a host's state as printed by its tools."""
+
+from __future__ import annotations
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+name: llama_port_conflicts
+short_description: The listening TCP sockets that hold a port the cluster needs, owned by something else
+description:
+  - Parses C(ss -Hltnpe) (listening TCP sockets, their processes where visible, and their cgroup) and
+    returns, for each wanted port, the sockets listening on it that do not belong to the systemd unit allowed
+    there (the cluster's own service, which a restart frees).
+  - The unit is read from the socket's cgroup (C(.../system.slice/NAME.service)), which C(ss) shows even
+    where the processes of other users are not visible (containers without CAP_SYS_PTRACE).
+positional: wanted
+options:
+  _input:
+    description: The output of C(ss -Hltnpe).
+    type: str
+    required: true
+  wanted:
+    description: C({variable, port, unit}) per port, C(unit) the systemd unit allowed to hold it.
+    type: list
+    elements: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+conflicts: >-
+  {{ __ss.stdout | llama_port_conflicts([{'variable': 'llama_server_port', 'port': 8080,
+                                          'unit': 'llama-server.service'}]) }}
+"""
+
+RETURN = r"""
+_value:
+  description: >-
+    C({variable, port, address, holder}) per conflicting socket; C(holder) names its processes where visible,
+    else its systemd unit, else "another program".
+  type: list
+  elements: dict
+"""
+
+_PROCESS = re.compile(r'\("([^"]+)",pid=\d+')
+_CGROUP = re.compile(r"\bcgroup:(\S+)")
+
+
+def listeners(text):
+    """(local address, port, [process names], unit or None) per line of `ss -Hltnpe`."""
+    result = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        address, _, port = fields[3].rpartition(":")
+        if not port.isdigit():
+            raise AnsibleFilterError(f"llama_port_conflicts: cannot read the local address of {line!r}")
+        rest = " ".join(fields[5:])
+        processes = list(dict.fromkeys(_PROCESS.findall(rest)))
+        cgroup = _CGROUP.search(rest)
+        unit = cgroup.group(1).rstrip("/").rpartition("/")[2] if cgroup else ""
+        result.append((address.strip("[]"), int(port), processes, unit if unit.endswith(".service") else None))
+    return result
+
+
+def llama_port_conflicts(text, wanted):
+    conflicts = []
+    for address, port, processes, unit in listeners(text):
+        for want in wanted:
+            if int(want["port"]) == port and unit != want["unit"]:
+                holder = ", ".join(processes) or unit or "another program"
+                conflicts.append({"variable": want["variable"], "port": port, "address": address, "holder": holder})
+    return conflicts
+
+
+class FilterModule:
+    def filters(self):
+        return {"llama_port_conflicts": llama_port_conflicts}

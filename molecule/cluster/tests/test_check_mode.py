@@ -1,0 +1,49 @@
+"""`site.yml --check --diff` works: on fresh hosts (run by prepare.yml, before the converge) it passes the
+checks and reports what would change; on the converged cluster it changes nothing and reports nothing."""
+
+import json
+import os
+from pathlib import Path
+
+from cluster_helpers import recap, run_playbook
+
+FRESH = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "check-fresh.json"
+
+
+def fresh_run():
+    return json.loads(FRESH.read_text())
+
+
+def test_fresh_hosts_pass_preflight_and_report_changes():
+    run = fresh_run()
+    stats = run["stats"]
+    assert set(stats) >= {"master", "worker1", "worker2"}
+    for host, counts in stats.items():
+        if host == "localhost":
+            continue
+        assert counts["failures"] == 0 and counts["unreachable"] == 0, (host, counts)
+        assert counts["changed"] > 0, f"{host}: check mode reported no change on a fresh host"
+
+
+def test_fresh_check_names_what_the_build_and_units_would_do():
+    changed = {}
+    for play in fresh_run()["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("changed"):
+                    changed.setdefault(host, []).append(task["task"]["name"])
+    assert "Report the compilation check mode skips" in changed["master"]
+    for host in ("master", "worker1", "worker2"):
+        assert "Install the chrony package" in changed[host]
+        assert "Report the install check mode skips" in changed[host]
+    for worker in ("worker1", "worker2"):
+        assert "Report the unit check mode cannot render yet" in changed[worker]
+
+
+def test_converged_cluster_reports_no_change():
+    result = run_playbook("site.yml", "--check", "--diff")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    stats = recap(output)
+    assert {"master", "worker1", "worker2"} <= set(stats)
+    assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), output[-4000:]

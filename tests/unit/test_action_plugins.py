@@ -1,0 +1,105 @@
+"""The controller-side actions: variable validation against the roles' specs, and the planner's messages."""
+
+import os
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.errors import ArgumentTypeError
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+from conftest import ROOT, load
+
+init_plugin_loader()
+filter_loader.add_directory(str(ROOT / "filter_plugins"))
+validate_vars = load("llama_validate_vars", ROOT / "action_plugins" / "llama_validate_vars.py")
+plan_action = load("llama_plan", ROOT / "action_plugins" / "llama_plan.py")
+ROLES = validate_vars.find_roles([ROOT / "roles"])
+
+
+def check(values, roles=("llama", "llamacpp", "llama_rpc", "llama_server"), host="worker1"):
+    values = {"llamacpp_commit": "0" * 40, **values}
+    return validate_vars.validate(host, list(roles), ROLES, values, ignore=["llama_node"])
+
+
+def test_valid_values_pass():
+    assert check({"llama_rpc_port": 50053, "llamacpp_backend": "cuda", "llama_devices": []}) == []
+
+
+def test_a_type_error_names_host_variable_value_and_the_readme():
+    (message,) = check({"llama_rpc_port": "fifty"})
+    assert message.startswith("worker1: llama_rpc_port must be an int, got 'fifty'. llama_rpc_port: TCP port")
+    assert message.endswith("Fix it in the inventory (roles/llama_rpc/README.md).")
+
+
+def test_choices_and_element_types():
+    messages = check({"llamacpp_backend": "rocm", "llama_devices": ["CUDA0"]})
+    assert messages[0].startswith("worker1: llama_devices must be a list of dict items, got ['CUDA0'].")
+    assert messages[1].startswith("worker1: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm.")
+
+
+def test_a_required_variable_is_named():
+    (message,) = validate_vars.validate("m", ["llamacpp"], ROLES, {})
+    assert message.startswith("m: llamacpp_commit must be set. llamacpp_commit: Full 40-hex")
+
+
+def test_a_misspelt_variable_is_caught_with_a_suggestion():
+    (message,) = check({"llama_rpc_prot": 1, "llama_node": {}})
+    assert message == ("worker1: llama_rpc_prot is not a variable of any role (did you mean llama_rpc_port?). "
+                       "Fix or remove it in the inventory.")
+
+
+def test_secrets_are_not_echoed():
+    error = ArgumentTypeError("argument 'key' is of type dict and we were unable to convert to str")
+    options = {"key": {"type": "str", "no_log": True}}
+    assert validate_vars.describe(error, options, {"key": {"secret": 1}}) == (
+        "key", "key must be a string, got '********'")
+
+
+def test_only_the_named_roles_variables_are_type_checked():
+    assert check({"llama_server_port": "x"}, roles=["llama", "llama_rpc"]) == []
+
+
+def test_ownership_is_the_longest_prefix():
+    assert validate_vars.owner("llama_server_port", ROLES) == "llama_server"
+    assert validate_vars.owner("llama_split_strategy", ROLES) == "llama"
+    assert validate_vars.owner("llamacpp_commit", ROLES) == "llamacpp"
+    assert validate_vars.owner("ansible_host", ROLES) is None
+
+
+WORKERS = [{"host": f"worker{index}", "endpoint": f"10.0.0.{index}:50052",
+            "devices": [{"name": "CPU", "memory_mib": 1024, "kind": "cpu"}]} for index in (1, 2)]
+MODEL = {"n_layer": 3, "layer_bytes": 10 * 2**20, "output_bytes": 5 * 2**20, "kv_bytes_per_token": 0}
+
+
+def test_plan_orders_devices_lists_rpc_and_plans():
+    result = plan_action.plan("master", {"workers": WORKERS, "model": MODEL, "ctx_size": 512})
+    assert result["rpc"] == ["10.0.0.1:50052", "10.0.0.2:50052"]
+    assert [device["name"] for device in result["devices"]] == ["RPC0", "RPC1"]
+    assert sum(result["plan"]["tensor_split"]) == 4
+    assert result["table"][-1].startswith("strategy memory: --device RPC0,RPC1 --tensor-split")
+
+
+def error_of(args):
+    with pytest.raises(AnsibleFilterError) as caught:
+        plan_action.plan("master", dict({"workers": WORKERS, "model": MODEL}, **args))
+    error = caught.value
+    return error.render(plan_action.INVENTORY_NAMES) if hasattr(error, "render") else error.message
+
+
+def test_planner_errors_name_the_inventory_variables():
+    assert error_of({"reserve_fraction": 1.5}) == "llama_split_reserve_fraction must be a number in [0, 1), got 1.5"
+    assert error_of({"tensor_split": [1, 2, 3]}).startswith(
+        "llama_tensor_split has 3 values but the cluster has 2 devices (RPC0, RPC1)")
+    assert error_of({"model": dict(MODEL, layer_bytes=2**30)}).endswith(
+        "add a device, lower llama_server_ctx_size or llama_split_reserve_fraction")
+
+
+def test_workers_sharing_an_endpoint_are_named():
+    shared = [dict(WORKERS[0]), dict(WORKERS[1], endpoint=WORKERS[0]["endpoint"])]
+    message = error_of({"workers": shared})
+    assert "worker1 and worker2 both use 10.0.0.1:50052" in message
+
+
+def test_the_documentation_stubs_describe_the_actions():
+    for name in ("llama_plan", "llama_validate_vars"):
+        text = (ROOT / "library" / f"{name}.py").read_text()
+        assert f"module: {name}" in text and os.path.exists(ROOT / "action_plugins" / f"{name}.py")

@@ -1,0 +1,43 @@
+"""Reading a host's listening sockets: which ports the cluster needs are held by something else."""
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from llama_host import llama_port_conflicts
+
+DOCKER = "/docker/3fb389a19fe7/system.slice"
+SS = f"""\
+LISTEN 0      1      172.18.0.3:50052 0.0.0.0:* uid:997 ino:103265 sk:2 cgroup:{DOCKER}/llama-rpc-server.service <->
+LISTEN 0      512       0.0.0.0:8080  0.0.0.0:* uid:997 ino:188951 sk:1002 cgroup:/system.slice/llama-server.service <->
+LISTEN 0      5               *:18080       *:* users:(("python3",pid=9,fd=3),("python3",pid=10,fd=3)) ino:7 sk:3 cgroup:/system.slice/port-thief.service <->
+LISTEN 0      4096   127.0.0.11:34581 0.0.0.0:* ino:20412 sk:1 cgroup:/ <->
+LISTEN 0      128          [::]:22       [::]:* ino:5 sk:4 cgroup:/system.slice/ssh.service <->
+"""
+RPC = {"variable": "llama_rpc_port", "port": 50052, "unit": "llama-rpc-server.service"}
+API = {"variable": "llama_server_port", "port": 8080, "unit": "llama-server.service"}
+
+
+def test_ports_held_by_the_cluster_itself_are_no_conflict():
+    assert llama_port_conflicts(SS, [RPC, API]) == []
+
+
+def test_a_port_held_by_something_else_is_named_by_process_or_unit():
+    assert llama_port_conflicts(SS, [dict(API, port=18080), dict(RPC, port=22)]) == [
+        {"variable": "llama_server_port", "port": 18080, "address": "*", "holder": "python3"},
+        {"variable": "llama_rpc_port", "port": 22, "address": "::", "holder": "ssh.service"},
+    ]
+
+
+def test_swapped_ports_conflict():
+    """A host in both groups: the API port held by the RPC server is no free port for llama-server."""
+    assert llama_port_conflicts(SS, [dict(API, port=50052)])[0]["holder"] == "llama-rpc-server.service"
+
+
+def test_a_socket_outside_any_unit_conflicts():
+    conflict = llama_port_conflicts(SS, [dict(API, port=34581)])
+    assert conflict == [{"variable": "llama_server_port", "port": 34581, "address": "127.0.0.11",
+                         "holder": "another program"}]
+
+
+def test_unreadable_output_is_an_error():
+    with pytest.raises(AnsibleFilterError, match="cannot read the local address"):
+        llama_port_conflicts("LISTEN 0 1 nonsense peer", [API])
