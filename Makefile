@@ -11,7 +11,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv docker image fixtures lint unit molecule test demo demo-down clean
+.PHONY: help venv docker image fixtures lint unit docs molecule test demo demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,8 +42,11 @@ lint: venv  ## yamllint + ansible-lint (production profile)
 	yamllint --strict .
 	ansible-lint --strict
 
-unit: venv  ## Python unit tests (planner, GGUF reader, model generator, device order)
+unit: venv  ## Python unit tests (planner, filters, actions, role contracts, GGUF reader, model generator)
 	source $(FIXTURES_ENV) 2>/dev/null || true; pytest -q tests/unit
+
+docs: venv  ## regenerate the variable tables of the role READMEs from their argument_specs
+	$(VENV)/bin/python tools/role_docs.py --write
 
 test: venv fixtures lint  ## everything: lint, unit tests, molecule scenarios
 	source $(FIXTURES_ENV); pytest -v -p no:cacheprovider tests/

@@ -3,6 +3,7 @@
 import copy
 import inspect
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -261,9 +262,8 @@ def test_filters_are_registered_and_documented():
     assert filters == {name: getattr(llama_cluster, name) for name in (
         "llama_device_order", "llama_rpc_endpoints", "llama_devices_with_speeds", "llama_select_devices",
         "llama_bench_speeds", "llama_bench_table", "llama_host_networks")}
-    docs = {name: yaml.safe_load(text) for name, text in llama_cluster.FILTER_DOCS.items()}
-    docs["llama_device_order"] = {key: yaml.safe_load(getattr(llama_cluster, key))
-                                  for key in ("DOCUMENTATION", "EXAMPLES", "RETURN")}
+    sidecars = Path(llama_cluster.__file__).parent.glob("*.yml")
+    docs = {path.stem: yaml.safe_load(path.read_text()) for path in sidecars if path.stem in filters}
     assert set(docs) == set(filters)
     for name, doc in docs.items():
         assert doc["DOCUMENTATION"]["name"] == name

@@ -41,7 +41,7 @@ CASES = {
     # Every host's device overridden down to 20 MiB (17 MiB budget each): two workers hold 34 MiB, the
     # model needs ~90 (the master's CPU is no device of its own).
     "model does not fit": ({"llama_devices": [{"name": "CPU", "memory_mib": 20}]},
-                           r"master: model needs \d+ MiB \(weights \+ KV at ctx_size=2048\) but the devices' budgets "
+                           r"master: model needs \d+ MiB \(weights \+ KV at llama_server_ctx_size=2048\) but the devices' budgets "
                            r"total 34 MiB: short by \d+ MiB; add a device, lower llama_server_ctx_size or "
                            r"llama_split_reserve_fraction$"),
 }

@@ -47,9 +47,9 @@ def test_worker_listens_on_its_cluster_address_only(master, workers):
         assert local == [f"{ip}:{RPC_PORT}"]
         # Nothing answers on loopback (refused: nothing is queued on the real socket).
         assert worker.run(f"timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{RPC_PORT}'").rc != 0
-        # The master reached the cluster address: llama-server holds a connection to it.
-        connections = master.check_output(f"ss -Htnp state established dst {ip}:{RPC_PORT}")
-        assert "llama-server" in connections, connections
+        # The master reached the cluster address: llama-server's unit holds a connection to it.
+        connections = master.check_output(f"ss -Htne state established dst {ip}:{RPC_PORT}")
+        assert "/llama-server.service" in connections, connections
 
 
 def test_readiness_checks_leave_no_connection_queued(workers):

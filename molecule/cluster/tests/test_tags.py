@@ -1,8 +1,7 @@
 """Tags are an interface: `site.yml --tags X` runs the facts and every check, then only part X."""
 
 import pytest
-from cluster_helpers import (SERVER_PORT, WORKERS, cmdline, main_pid, plays, recap, run_playbook,
-                             wait_health)
+from cluster_helpers import SERVER_PORT, WORKERS, cmdline, main_pid, plays, recap, run_playbook, wait_health
 
 PLAYS = {
     "timesync": "Synchronise the cluster's clocks",
@@ -12,6 +11,8 @@ PLAYS = {
     "smoke": "Smoke test - a completion served through the cluster",
 }
 ALWAYS = ("Preflight - inventory groups", "Facts", "Preflight - cluster hosts")
+# Ansible validates a role's argument_specs whenever the role is listed, whatever the tags (controller-side).
+VALIDATION = "Validating arguments against arg spec"
 
 
 def run_tags(tags, *args):
@@ -19,6 +20,11 @@ def run_tags(tags, *args):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
+
+
+def tasks_run(output):
+    """{play: [tasks]} without Ansible's argument_spec validation."""
+    return {play: [task for task in tasks if VALIDATION not in task] for play, tasks in plays(output).items()}
 
 
 def pids(master, workers):
@@ -30,7 +36,7 @@ def pids(master, workers):
 def test_a_tag_runs_the_checks_and_only_its_part(tag, master, workers):
     before = pids(master, workers)
     output = run_tags(tag)
-    tasks = plays(output)
+    tasks = tasks_run(output)
     for play in ALWAYS:
         assert tasks[play], f"{play} ran no task under --tags {tag}"
     assert any("Check the listen address" in task or "Check the port" in task
@@ -45,7 +51,7 @@ def test_a_tag_runs_the_checks_and_only_its_part(tag, master, workers):
 
 
 def test_role_tags_work_too(master):
-    tasks = plays(run_tags("llama_server"))
+    tasks = tasks_run(run_tags("llama_server"))
     assert tasks[PLAYS["master"]] and not tasks[PLAYS["workers"]]
 
 
