@@ -10,108 +10,7 @@ from fractions import Fraction
 
 from ansible.errors import AnsibleFilterError
 
-DOCUMENTATION = r"""
-name: llama_split_plan
-short_description: Plan llama.cpp's --device/--tensor-split so every device's share fits its memory
-description:
-  - Splits the n_layer + 1 layers of a model (index n_layer is the output layer) over llama.cpp devices
-    as contiguous ranges in device order, the only shape of split llama.cpp's C(--tensor-split) can express.
-  - Each device's estimated bytes (weights of its layers plus their KV cache at O(ctx_size)) stay within
-    its budget, C(memory_mib × 1024² × (1 − reserve_fraction)). Compute buffers are not predictable from
-    the model file; the reserve fraction is the headroom for them.
-  - The returned C(layers) are exactly what llama.cpp computes, in float32 like llama.cpp, from the returned
-    C(tensor_split) with C(-ngl) covering all layers (checked against C(llamacpp_layer_assignment) before
-    returning).
-  - Errors are C(SplitError)s; C(render) writes their message with the caller's names for the arguments.
-  - Devices given no layers are left out, so pass the returned C(devices) to C(--device) together with
-    the returned C(tensor_split).
-positional: model, ctx_size, reserve_fraction, strategy
-options:
-  _input:
-    description:
-      - The devices in llama.cpp device order (the order of C(--device)).
-      - Each item has C(name) (for example C(RPC0) or C(CUDA0)), C(memory_mib) (positive int, memory usable
-        on that device) and optionally C(speed) (positive number, relative tokens/s, default 1.0).
-    type: list
-    elements: dict
-    required: true
-  model:
-    description:
-      - C(n_layer) (int >= 1); C(layer_bytes) (positive int, or a list of n_layer of them);
-        C(output_bytes) (int >= 0, the output layer); C(kv_bytes_per_token) (int >= 0, or a list of
-        n_layer of them, K+V bytes per token of that layer; the output layer has no KV cache).
-      - Other keys are ignored.
-    type: dict
-    required: true
-  ctx_size:
-    description: Context size (C(-c)) the KV cache is sized for.
-    type: int
-    default: 4096
-  reserve_fraction:
-    description: Fraction of each device's memory kept free for compute buffers; in [0, 1).
-    type: float
-    default: 0.15
-  strategy:
-    description:
-      - C(memory) splits the model's bytes in proportion to the devices' budgets (llama.cpp's own default
-        splits by free memory), rounded to whole layers and moved only as far as the budgets require.
-      - C(speed) minimizes the estimated time per token, the sum over devices of the weight bytes of their
-        layers divided by their C(speed), within the same budgets; it never returns a plan estimated
-        slower than C(memory) would.
-    type: str
-    choices: [memory, speed]
-    default: memory
-"""
-
-EXAMPLES = r"""
-- name: Plan the split of a model over two RPC workers and a local GPU
-  ansible.builtin.set_fact:
-    __llama_plan: >-
-      {{ [{'name': 'RPC0', 'memory_mib': 24576, 'speed': 2.0},
-          {'name': 'RPC1', 'memory_mib': 12288},
-          {'name': 'CUDA0', 'memory_mib': 12288}]
-         | llama_split_plan(__llama_gguf.model, ctx_size=8192, strategy='speed') }}
-
-- name: Use it on llama-server's command line
-  ansible.builtin.debug:
-    msg: >-
-      --device {{ __llama_plan.devices | join(',') }}
-      --tensor-split {{ __llama_plan.tensor_split | join(',') }}
-      -ngl 999 -c 8192
-"""
-
-RETURN = r"""
-_value:
-  description: The plan.
-  type: dict
-  contains:
-    devices:
-      description: Names of the devices given layers, in order; the value for C(--device).
-      type: list
-      elements: str
-    tensor_split:
-      description: Layers per device, same order, summing to n_layer + 1; the value for C(--tensor-split).
-      type: list
-      elements: int
-    layers:
-      description: C([first, last_exclusive]) layer indices per device, over 0..n_layer (n_layer = output).
-      type: list
-      elements: list
-    bytes:
-      description: Estimated bytes per device, weights plus KV cache at C(ctx_size).
-      type: list
-      elements: int
-    budget_bytes:
-      description: Each device's budget, C(memory_mib × 1024² × (1 − reserve_fraction)).
-      type: list
-      elements: int
-    strategy:
-      description: The strategy used.
-      type: str
-    fits:
-      description: Always true; a model that cannot fit raises an error stating the shortfall.
-      type: bool
-"""
+# Each filter is documented in its sidecar file, filter_plugins/<name>.yml (ansible-doc -t filter <name>).
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -422,7 +321,7 @@ def _plan(names, counts, layers, budgets, strategy):
 
 
 def llama_split_plan(devices, model, ctx_size=4096, reserve_fraction=0.15, strategy="memory"):
-    """Plan llama.cpp's --device and --tensor-split for `model` on `devices` (see DOCUMENTATION)."""
+    """Plan llama.cpp's --device and --tensor-split for `model` on `devices` (see filter_plugins/llama_split_plan.yml)."""
     names, memory_mib, speeds = _check_devices(devices)
     weights, kv_per_token = _check_model(model)
     _check_options(ctx_size, reserve_fraction, strategy)

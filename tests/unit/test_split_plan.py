@@ -2,8 +2,10 @@
 
 import bisect
 import copy
+import inspect
 import itertools
 import math
+from pathlib import Path
 
 import numpy
 import pytest
@@ -536,11 +538,15 @@ def test_filter_is_registered_and_documented():
         "llama_split_given": llama_split_given,
         "llama_split_table": llama_split.llama_split_table,
     }
-    doc = yaml.safe_load(llama_split.DOCUMENTATION)
-    assert doc["name"] == "llama_split_plan"
-    assert set(doc["options"]) == {"_input", "model", "ctx_size", "reserve_fraction", "strategy"}
-    assert yaml.safe_load(llama_split.EXAMPLES)
-    assert set(yaml.safe_load(llama_split.RETURN)["_value"]["contains"]) == {
+    sidecars = Path(llama_split.__file__).parent
+    docs = {name: yaml.safe_load((sidecars / f"{name}.yml").read_text())
+            for name in llama_split.FilterModule().filters()}
+    for name, doc in docs.items():
+        assert doc["DOCUMENTATION"]["name"] == name
+        parameters = list(inspect.signature(getattr(llama_split, name)).parameters)
+        assert list(doc["DOCUMENTATION"]["options"]) == ["_input", *parameters[1:]], name
+        assert yaml.safe_load(doc["EXAMPLES"])
+    assert set(docs["llama_split_plan"]["RETURN"]["_value"]["contains"]) == {
         "devices", "tensor_split", "layers", "bytes", "budget_bytes", "strategy", "fits"}
 
 
