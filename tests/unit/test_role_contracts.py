@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -18,20 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from conftest import ROOT, load
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "role_docs.py"
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("role_docs", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["role_docs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-role_docs = _load_tool()
+role_docs = load("role_docs", TOOL)
+# The ownership rule is the one preflight applies (action_plugins/llama_validate_vars.py).
+owner_of = load("llama_validate_vars", ROOT / "action_plugins" / "llama_validate_vars.py").owner
 
 ROLES = [role.name for role in role_docs.find_roles(ROOT)]
 SET_FACT = {"ansible.builtin.set_fact", "ansible.legacy.set_fact", "set_fact"}
@@ -75,8 +66,7 @@ def all_defaults() -> dict[str, dict]:
 
 def owner(variable: str, roles: list[str] = ROLES) -> str | None:
     """The role a public variable belongs to: the longest role name that prefixes it as `<role>_`."""
-    owners = [role for role in roles if variable.startswith(role + "_")]
-    return max(owners, key=len) if owners else None
+    return owner_of(variable, roles)
 
 
 def _set_fact_keys(node, found: set[str]) -> None:
