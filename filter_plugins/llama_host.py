@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -75,6 +76,32 @@ def llama_port_conflicts(text, wanted):
     return conflicts
 
 
+def _ipv4(text):
+    try:
+        return str(ipaddress.IPv4Address(str(text).strip()))
+    except ValueError:
+        return None
+
+
+def llama_cluster_address(facts, configured="", ansible_host=""):
+    """The host's cluster address and where it came from: the inventory's llama_cluster_address, else the
+    default route's address, else ansible_host when it is an IPv4 address, else the only non-loopback IPv4
+    address. `address` is "" when none of them decides (`candidates` then lists the host's addresses)."""
+    if not isinstance(facts, dict):
+        raise AnsibleFilterError(f"llama_cluster_address: expected the host's ansible_facts, got {type(facts).__name__}")
+    candidates = [a for a in facts.get("all_ipv4_addresses") or [] if not ipaddress.IPv4Address(a).is_loopback]
+    if configured:
+        return {"address": str(configured), "source": "llama_cluster_address", "candidates": candidates}
+    default = (facts.get("default_ipv4") or {}).get("address")
+    if default:
+        return {"address": default, "source": "the default route", "candidates": candidates}
+    if _ipv4(ansible_host):
+        return {"address": _ipv4(ansible_host), "source": "ansible_host", "candidates": candidates}
+    if len(candidates) == 1:
+        return {"address": candidates[0], "source": "its only IPv4 address", "candidates": candidates}
+    return {"address": "", "source": "", "candidates": candidates}
+
+
 class FilterModule:
     def filters(self):
-        return {"llama_port_conflicts": llama_port_conflicts}
+        return {"llama_port_conflicts": llama_port_conflicts, "llama_cluster_address": llama_cluster_address}

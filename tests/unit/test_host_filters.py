@@ -2,7 +2,7 @@
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from llama_host import llama_port_conflicts
+from llama_host import llama_cluster_address, llama_port_conflicts
 
 DOCKER = "/docker/3fb389a19fe7/system.slice"
 SS = f"""\
@@ -41,3 +41,33 @@ def test_a_socket_outside_any_unit_conflicts():
 def test_unreadable_output_is_an_error():
     with pytest.raises(AnsibleFilterError, match="cannot read the local address"):
         llama_port_conflicts("LISTEN 0 1 nonsense peer", [API])
+
+
+# --- llama_cluster_address: the contract's fallback chain --------------------------------------------------
+ROUTED = {"default_ipv4": {"address": "10.0.0.5"}, "all_ipv4_addresses": ["127.0.0.1", "10.0.0.5", "192.168.9.5"]}
+NO_ROUTE_TWO = {"default_ipv4": {}, "all_ipv4_addresses": ["10.0.0.5", "192.168.9.5", "127.0.0.1"]}
+NO_ROUTE_ONE = {"all_ipv4_addresses": ["127.0.0.1", "192.168.9.5"]}
+
+
+def test_the_inventory_wins():
+    assert llama_cluster_address(ROUTED, "192.168.9.5", "10.0.0.5")["address"] == "192.168.9.5"
+
+
+def test_the_default_route_comes_next():
+    assert llama_cluster_address(ROUTED, "", "192.168.9.5") == {
+        "address": "10.0.0.5", "source": "the default route", "candidates": ["10.0.0.5", "192.168.9.5"]}
+
+
+def test_without_a_route_ansible_host_when_it_is_an_address():
+    assert llama_cluster_address(NO_ROUTE_TWO, "", "192.168.9.5")["source"] == "ansible_host"
+    assert llama_cluster_address(NO_ROUTE_TWO, "", " 192.168.9.5 ")["address"] == "192.168.9.5"
+
+
+def test_then_the_only_address():
+    picked = llama_cluster_address(NO_ROUTE_ONE, "", "worker1.lan")
+    assert (picked["address"], picked["source"]) == ("192.168.9.5", "its only IPv4 address")
+
+
+def test_ambiguous_is_empty_with_the_candidates():
+    assert llama_cluster_address(NO_ROUTE_TWO, "", "worker1.lan") == {
+        "address": "", "source": "", "candidates": ["10.0.0.5", "192.168.9.5"]}
