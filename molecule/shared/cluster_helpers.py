@@ -15,7 +15,9 @@ SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "cluster")
 WORKERS = ("worker1", "worker2")
 RPC_PORT = 50052
 SERVER_PORT = 8080
-
+# The scenarios' API key (molecule.yml llama_api_key). Sent with every request unless key=None; a server
+# without a key ignores it.
+API_KEY = "test-key-6f1d0c2a9b"
 
 
 def container(name):
@@ -47,9 +49,11 @@ def option(args, name):
 
 HTTP = """
 import json, sys, urllib.request, urllib.error
-url, body, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
-request = urllib.request.Request(url, data=body.encode() if body else None,
-                                 headers={"Content-Type": "application/json"})
+url, body, timeout, key = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+headers = {"Content-Type": "application/json"}
+if key:
+    headers["Authorization"] = "Bearer " + key
+request = urllib.request.Request(url, data=body.encode() if body else None, headers=headers)
 try:
     with urllib.request.urlopen(request, timeout=timeout) as response:
         print(response.status); print(response.read().decode())
@@ -58,20 +62,22 @@ except urllib.error.HTTPError as error:
 """
 
 
-def http(host, port, path, body=None, timeout=120):
+def http(host, port, path, body=None, timeout=120, key=API_KEY):
     """(status, text) of a request made inside the container (the API is not published to the host).
 
-    Uses the container's python3: the roles install no HTTP client, and the tests add nothing.
+    Uses the container's python3: the roles install no HTTP client, and the tests add nothing. The key
+    travels in argv of a short-lived test process, never in the service's.
     """
     payload = json.dumps(body) if body is not None else ""
-    result = host.run(f"python3 -c {quote(HTTP)} http://127.0.0.1:{port}{path} {quote(payload)} {timeout}")
+    result = host.run(f"python3 -c {quote(HTTP)} http://127.0.0.1:{port}{path} {quote(payload)} {timeout} "
+                      f"{quote(key or '')}")
     assert result.rc == 0, result.stderr
     status, _, text = result.stdout.partition("\n")
     return int(status), text
 
 
-def http_json(host, port, path, body=None, timeout=120):
-    status, text = http(host, port, path, body, timeout)
+def http_json(host, port, path, body=None, timeout=120, key=API_KEY):
+    status, text = http(host, port, path, body, timeout, key)
     assert status == 200, f"{path}: HTTP {status}: {text[:500]}"
     return json.loads(text)
 
