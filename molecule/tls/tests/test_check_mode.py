@@ -1,0 +1,43 @@
+"""`site.yml --check --diff` with tls: on fresh hosts (prepare.yml, before the converge: no CA, no stunnel, no
+build) it passes and says what it would do; on the converged cluster it changes nothing."""
+
+import json
+import os
+from pathlib import Path
+
+from cluster_helpers import recap, run_playbook
+
+FRESH = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "check-fresh.json"
+
+
+def changed_tasks(run):
+    changed = {}
+    for play in run["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("changed"):
+                    changed.setdefault(host, []).append(task["task"]["name"].split(" : ")[-1])
+    return changed
+
+
+def test_fresh_hosts_pass_and_report_the_tls_setup():
+    run = json.loads(FRESH.read_text())
+    for host, counts in run["stats"].items():
+        assert counts["failures"] == 0 and counts["unreachable"] == 0, (host, counts)
+    changed = changed_tasks(run)
+    assert "Report the CA check mode would create" in sum(changed.values(), [])
+    for host in ("master", "worker1", "worker2"):
+        assert "Report the packages check mode would install" in changed[host]
+        assert "Report the certificate check mode cannot issue yet" in changed[host]
+    for worker in ("worker1", "worker2"):
+        assert "Install the terminator unit" in changed[worker]
+    assert "Install the clients unit" in changed["master"]
+
+
+def test_converged_cluster_reports_no_change():
+    result = run_playbook("site.yml", "--check", "--diff")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    stats = recap(output)
+    assert {"master", "worker1", "worker2"} <= set(stats)
+    assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), output[-4000:]
