@@ -12,7 +12,7 @@ import pytest
 
 # Cheapest first. `cluster` and `build_git` each compile one llama.cpp tree (two commits, two sources);
 # later scenarios reuse the suite's artifact cache.
-SCENARIOS = ["chrony", "chrony_airgapped", "cluster", "build_git"]
+SCENARIOS = ["chrony", "chrony_airgapped", "firewall", "network", "cluster", "tls", "build_git"]
 STEPS = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify"]
 
 
