@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from cluster_helpers import SERVER_PORT, WORKERS, main_pid, run_playbook, wait_health
+from cluster_helpers import RPC_PORT, SERVER_PORT, WORKERS, address, main_pid, run_playbook, wait_health
 
 # (extra vars, the failing host's message: the whole `msg`, from its start, matched as a regex)
 CASES = {
@@ -24,9 +24,17 @@ CASES = {
                         r"\w+: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm\."),
     "misspelt variable": ({"llama_rpc_prot": 50053},
                           r"\w+: llama_rpc_prot is not a variable of any role \(did you mean llama_rpc_port\?\)"),
-    "bind address not on the host": ({"llama_rpc_bind_address": "10.255.255.1"},
-                                     r"worker\d: the RPC server would bind to '10\.255\.255\.1' "
-                                     r"\(llama_rpc_bind_address\), which is not an IPv4 address of worker\d"),
+    "bind address not the cluster address": (
+        {"llama_rpc_bind_address": "10.255.255.1"},
+        r"worker\d: llama_rpc_bind_address is '10\.255\.255\.1', but the master dials this worker at its cluster "
+        r"address [\d.]+ .*Leave llama_rpc_bind_address empty"),
+    "cluster address not on the host": (
+        {"llama_cluster_address": "10.255.255.1"},
+        r"\w+: llama_cluster_address 10\.255\.255\.1 \(from llama_cluster_address\) is not an IPv4 address of this "
+        r"host \(it has [\d.]+\): set llama_cluster_address"),
+    "unknown firewall backend": ({"llama_firewall": "iptables"},
+                                 r"\w+: llama_firewall must be one of: auto, nftables, firewalld, ufw, none, "
+                                 r"got: iptables\."),
     # No silent fallback to the CPU: a CUDA build needs the toolkit on the build host.
     "missing CUDA toolkit": ({"llamacpp_backend": "cuda", "llamacpp_cuda_architectures": "86"},
                              r"master: llamacpp_backend is cuda but /usr/local/cuda/bin/nvcc does not exist"),
@@ -65,7 +73,7 @@ def assert_refused_before_any_change(result, message, before, master, workers):
     messages = failure_messages(output)
     assert any(re.match(message, text) for text in messages), (messages, output[-3000:])
     # It stopped in the facts or preflight plays: no later play started, no host changed.
-    assert "PLAY [Facts]" in output
+    assert "PLAY [Variables]" in output
     for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Run the RPC server", "Run llama-server"):
         assert f"PLAY [{later}" not in output, output[-3000:]
     assert not re.search(r"changed=[1-9]", output)
@@ -105,3 +113,14 @@ def test_port_taken_by_another_program(before, master, workers):
     message = (rf"master: llama_server_port {port} is in use by python3 on (0\.0\.0\.0|\*|\[::\]). Choose a free "
                r"port in the inventory, or stop that program\.")
     assert_refused_before_any_change(result, message, before, master, workers)
+
+
+def test_workers_bound_to_every_address_are_dialled_at_their_cluster_addresses(workers):
+    """0.0.0.0 is a bind address, never a destination: the master's --rpc lists each worker's cluster address
+    (two workers on 0.0.0.0:50052 are two endpoints, not "the same endpoint")."""
+    result = run_playbook("playbooks/preflight.yml", "-e", "llama_rpc_bind_address=0.0.0.0", "-v", timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    published = re.search(r'"llama_server_rpc": (\[[^\]]*\])', output)
+    assert published, output[-3000:]
+    assert json.loads(published.group(1)) == [f"{address(workers[name])}:{RPC_PORT}" for name in WORKERS]

@@ -10,7 +10,7 @@ PLAYS = {
     "master": "Run llama-server on the master over the workers",
     "smoke": "Smoke test - a completion served through the cluster",
 }
-ALWAYS = ("Preflight - inventory groups", "Facts", "Preflight - cluster hosts")
+ALWAYS = ("Preflight - inventory groups", "Variables", "Facts", "Preflight - cluster hosts")
 # Ansible validates a role's argument_specs whenever the role is listed, whatever the tags (controller-side).
 VALIDATION = "Validating arguments against arg spec"
 
