@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from shlex import quote
 
+import pytest
 import testinfra
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
@@ -120,3 +121,54 @@ def plays(output):
         elif line.startswith("TASK [") and current is not None:
             result[current].append(line[len("TASK ["):line.rindex("]")])
     return result
+
+
+def failure_messages(output):
+    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
+    return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
+
+
+def assert_refused_in_preflight(result, message):
+    """The run failed with `message` (a regex matched from the start of a failed task's msg) in the checks:
+    no later play started, no host changed."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    messages = failure_messages(output)
+    assert any(re.match(message, text) for text in messages), (messages, output[-3000:])
+    assert "PLAY [Variables]" in output
+    for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Admit the cluster's ports",
+                  "Run the RPC server", "Run llama-server"):
+        assert f"PLAY [{later}" not in output, output[-3000:]
+    assert not re.search(r"changed=[1-9]", output)
+
+
+def order_tests(items, order):
+    """Sort collected tests by their file's place in `order` (files not named run last)."""
+    def rank(item):
+        return order.index(item.path.name) if item.path.name in order else len(order)
+    items.sort(key=rank)
+
+
+def single_process_completion(master, model, body, port=18181):
+    """`body` answered by a llama-server of one process (no RPC) on the master, started for the request on
+    `port` with the cluster's model, as the service user."""
+    started = master.run(
+        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 "
+        f"--host 127.0.0.1 --port {port} --load-mode none > /tmp/single.log 2>&1 & echo $!")
+    assert started.rc == 0
+    try:
+        wait_health(master, port)
+        return http_json(master, port, "/completion", body)
+    finally:
+        master.run(f"pkill -f -- '--port {port}'")
+
+
+# Fixtures of the cluster scenarios (a conftest imports them): the containers, through testinfra.
+@pytest.fixture(scope="session")
+def master():
+    return connect("master")
+
+
+@pytest.fixture(scope="session")
+def workers():
+    return {name: connect(name) for name in WORKERS}

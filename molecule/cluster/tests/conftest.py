@@ -1,7 +1,6 @@
 """The cluster scenario's fixtures; helpers come from molecule/shared/cluster_helpers.py (PYTHONPATH)."""
 
-import pytest
-from cluster_helpers import WORKERS, connect
+from cluster_helpers import master, order_tests, workers  # noqa: F401 (master, workers: fixtures)
 
 # The measurements of the cluster as site.yml left it come first; the runs that change it, and the bench
 # (which loads the whole model on each worker in turn and so inflates its memory), come last.
@@ -10,17 +9,4 @@ ORDER = ["test_cluster.py", "test_check_mode.py", "test_security.py", "test_bad_
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item):
-        name = item.path.name
-        return ORDER.index(name) if name in ORDER else len(ORDER)
-    items.sort(key=rank)
-
-
-@pytest.fixture(scope="session")
-def master():
-    return connect("master")
-
-
-@pytest.fixture(scope="session")
-def workers():
-    return {name: connect(name) for name in WORKERS}
+    order_tests(items, ORDER)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
-                             wait_health)
+                             single_process_completion, wait_health)
 from llama_gguf import read_model_info
 from llama_split import llamacpp_layer_assignment
 
@@ -93,16 +93,7 @@ def test_cluster_completion_equals_single_process(master, server_args):
     wait_health(master, SERVER_PORT)
     cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
     assert cluster["tokens_predicted"] == 32
-    model = option(server_args, "-m")
-    single = master.run(
-        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 "
-        f"--host 127.0.0.1 --port {SINGLE_PORT} --load-mode none > /tmp/single.log 2>&1 & echo $!")
-    assert single.rc == 0
-    try:
-        wait_health(master, SINGLE_PORT)
-        alone = http_json(master, SINGLE_PORT, "/completion", PROMPT)
-    finally:
-        master.run(f"pkill -f -- '--port {SINGLE_PORT}'")
+    alone = single_process_completion(master, option(server_args, "-m"), PROMPT, SINGLE_PORT)
     assert alone["tokens_predicted"] == 32
     assert cluster["content"] == alone["content"]
 

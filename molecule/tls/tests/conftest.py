@@ -1,7 +1,6 @@
 """The tls scenario's fixtures; helpers come from molecule/shared/cluster_helpers.py (PYTHONPATH)."""
 
-import pytest
-from cluster_helpers import WORKERS, connect
+from cluster_helpers import master, order_tests, workers  # noqa: F401 (master, workers: fixtures)
 
 # The cluster as site.yml left it first; then the runs that change it: check mode, bad input, renewal, and last
 # the switch to plain and back (which also measures both transports).
@@ -9,17 +8,4 @@ ORDER = ["test_tls.py", "test_check_mode.py", "test_bad_input.py", "test_renewal
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item):
-        name = item.path.name
-        return ORDER.index(name) if name in ORDER else len(ORDER)
-    items.sort(key=rank)
-
-
-@pytest.fixture(scope="session")
-def master():
-    return connect("master")
-
-
-@pytest.fixture(scope="session")
-def workers():
-    return {name: connect(name) for name in WORKERS}
+    order_tests(items, ORDER)

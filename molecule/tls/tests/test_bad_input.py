@@ -5,12 +5,7 @@ import json
 import re
 
 import pytest
-from cluster_helpers import SERVER_PORT, WORKERS, main_pid, run_playbook, wait_health
-
-
-def failure_messages(output):
-    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
-    return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
+from cluster_helpers import assert_refused_in_preflight, SERVER_PORT, WORKERS, main_pid, run_playbook, wait_health
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +19,7 @@ def before(master, workers):
 
 
 def assert_refused_before_any_change(result, message, before, master, workers):
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
-    messages = failure_messages(output)
-    assert any(re.match(message, text) for text in messages), (messages, output[-3000:])
-    for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Run the RPC server", "Run llama-server"):
-        assert f"PLAY [{later}" not in output, output[-3000:]
-    assert not re.search(r"changed=[1-9]", output)
+    assert_refused_in_preflight(result, message)
     assert main_pid(master, "llama-server.service") == before["master"]
     assert main_pid(master, "llama-rpc-tls-clients.service") == before["clients"]
     for name in WORKERS:

@@ -7,6 +7,7 @@ from pathlib import Path
 from shlex import quote
 
 from cluster_helpers import RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option, wait_health
+from cluster_helpers import single_process_completion as one_process_completion
 
 TLS_DIR = "/etc/llama.cpp/tls"
 CLIENT_PORT = 50100  # llama_tls_client_port's default
@@ -124,13 +125,4 @@ def cluster_completion(master, body=None):
 
 def single_process_completion(master, body=None):
     """The same request to a llama-server of one process (no RPC) on the master, started for it."""
-    model = option(server_args(master), "-m")
-    started = master.run(
-        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 "
-        f"--host 127.0.0.1 --port {SINGLE_PORT} --load-mode none > /tmp/single.log 2>&1 & echo $!")
-    assert started.rc == 0
-    try:
-        wait_health(master, SINGLE_PORT)
-        return http_json(master, SINGLE_PORT, "/completion", body or PROMPT)
-    finally:
-        master.run(f"pkill -f -- '--port {SINGLE_PORT}'")
+    return one_process_completion(master, option(server_args(master), "-m"), body or PROMPT, SINGLE_PORT)
