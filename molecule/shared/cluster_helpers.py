@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -161,6 +162,44 @@ def single_process_completion(master, model, body, port=18181):
         return http_json(master, port, "/completion", body)
     finally:
         master.run(f"pkill -f -- '--port {port}'")
+
+
+_DECODE = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0, "seed": 1234, "cache_prompt": False,
+          "ignore_eos": True}
+
+# Restart llama-server and time it until /health answers 200 (all in the container: no docker exec per poll).
+_LOAD = r"""
+import subprocess, time, urllib.request, urllib.error
+# Restarts in quick succession would hit systemd's start rate limit (5 in 10 s): reset its counter first.
+subprocess.run(["systemctl", "reset-failed", "llama-server.service"], check=True)
+start = time.monotonic()
+subprocess.run(["systemctl", "restart", "llama-server.service"], check=True)
+while True:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%s/health", timeout=2) as response:
+            if response.status == 200:
+                break
+    except (urllib.error.URLError, OSError):
+        pass
+    time.sleep(0.05)
+print(round(time.monotonic() - start, 3))
+"""
+
+
+def measure_serving(master, runs=5, port=SERVER_PORT):
+    """Median model load (restart of llama-server to /health 200) and decode speed (64 tokens, greedy) over
+    `runs` tries, with every value."""
+    loads, speeds = [], []
+    for _ in range(runs):
+        loads.append(float(master.check_output(f"python3 -c {quote(_LOAD % port)}")))
+        wait_health(master, port)
+        http_json(master, port, "/completion", dict(_DECODE, n_predict=4))  # warm-up
+    for _ in range(runs):
+        answer = http_json(master, port, "/completion", _DECODE)
+        assert answer["tokens_predicted"] == 64
+        speeds.append(answer["timings"]["predicted_per_second"])
+    return {"load_s": statistics.median(loads), "loads_s": loads,
+            "decode_tps": statistics.median(speeds), "decodes_tps": speeds}
 
 
 # Fixtures of the cluster scenarios (a conftest imports them): the containers, through testinfra.

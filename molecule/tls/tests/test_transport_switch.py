@@ -4,52 +4,13 @@ speed of a 64-token completion with plain and with tls, and prints them side by 
 
 import json
 import os
-import statistics
 from pathlib import Path
-from shlex import quote
 
 import pytest
-from cluster_helpers import RPC_PORT, SERVER_PORT, address, http_json, option, run_playbook, wait_health
+from cluster_helpers import RPC_PORT, address, measure_serving, option, run_playbook
 from tls_helpers import cluster_completion, local_endpoints, network_endpoints, server_args
 
-RUNS = 5
 REPORT = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "tls-vs-plain.json"
-DECODE = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0, "seed": 1234, "cache_prompt": False,
-          "ignore_eos": True}
-
-# Restart llama-server and time it until /health answers 200 (all in the container: no docker exec per poll).
-LOAD = r"""
-import subprocess, time, urllib.request, urllib.error
-# Restarts in quick succession would hit systemd's start rate limit (5 in 10 s): reset its counter first.
-subprocess.run(["systemctl", "reset-failed", "llama-server.service"], check=True)
-start = time.monotonic()
-subprocess.run(["systemctl", "restart", "llama-server.service"], check=True)
-while True:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%s/health", timeout=2) as response:
-            if response.status == 200:
-                break
-    except (urllib.error.URLError, OSError):
-        pass
-    time.sleep(0.05)
-print(round(time.monotonic() - start, 3))
-"""
-
-
-def measure(master):
-    loads, speeds = [], []
-    for _ in range(RUNS):
-        loads.append(float(master.check_output(f"python3 -c {quote(LOAD % SERVER_PORT)}")))
-        wait_health(master, SERVER_PORT)
-        http_json(master, SERVER_PORT, "/completion", dict(DECODE, n_predict=4))  # warm-up
-    for _ in range(RUNS):
-        answer = http_json(master, SERVER_PORT, "/completion", DECODE)
-        assert answer["tokens_predicted"] == 64
-        speeds.append(answer["timings"]["predicted_per_second"])
-    return {"load_s": statistics.median(loads), "loads_s": loads,
-            "decode_tps": statistics.median(speeds), "decodes_tps": speeds}
-
-
 def converge(*args):
     result = run_playbook("site.yml", *args)
     output = result.stdout + result.stderr
@@ -58,13 +19,13 @@ def converge(*args):
 
 @pytest.fixture(scope="module")
 def figures(master, workers):
-    found = {"tls": measure(master), "tls_output": cluster_completion(master)["content"]}
+    found = {"tls": measure_serving(master), "tls_output": cluster_completion(master)["content"]}
     converge("-e", "llama_rpc_transport=plain")
     found["plain_args"] = server_args(master)
     found["plain_units"] = {name: host.service("llama-rpc-tls.service").is_running for name, host in workers.items()}
     found["plain_listeners"] = {name: host.check_output(f"ss -Hltn sport = :{RPC_PORT}").split()[3]
                                 for name, host in workers.items()}
-    found["plain"] = measure(master)
+    found["plain"] = measure_serving(master)
     found["plain_output"] = cluster_completion(master)["content"]
     converge()
     found["back_args"] = server_args(master)
