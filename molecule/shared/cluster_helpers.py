@@ -143,6 +143,16 @@ def assert_refused_in_preflight(result, message):
     assert not re.search(r"changed=[1-9]", output)
 
 
+def assert_check_changes_nothing(hosts=("master", "worker1", "worker2")):
+    """`site.yml --check --diff` on the converged cluster passes and reports no change on any host."""
+    result = run_playbook("site.yml", "--check", "--diff")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    stats = recap(output)
+    assert set(hosts) <= set(stats)
+    assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), output[-4000:]
+
+
 def order_tests(items, order):
     """Sort collected tests by their file's place in `order` (files not named run last)."""
     def rank(item):
