@@ -23,7 +23,9 @@ options:
     type: str
     required: true
   wanted:
-    description: C({variable, port, unit}) per port, C(unit) the systemd unit allowed to hold it.
+    description: >-
+      C({variable, port, unit}) per port, C(unit) the systemd unit allowed to hold it, or a list of the units
+      that may (the RPC port: the RPC server, or the TLS terminator in front of it).
     type: list
     elements: dict
     required: true
@@ -70,7 +72,8 @@ def llama_port_conflicts(text, wanted):
     conflicts = []
     for address, port, processes, unit in listeners(text):
         for want in wanted:
-            if int(want["port"]) == port and unit != want["unit"]:
+            allowed = [want["unit"]] if isinstance(want["unit"], str) else list(want["unit"])
+            if int(want["port"]) == port and unit not in allowed:
                 holder = ", ".join(processes) or unit or "another program"
                 conflicts.append({"variable": want["variable"], "port": port, "address": address, "holder": holder})
     return conflicts

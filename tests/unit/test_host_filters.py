@@ -71,3 +71,11 @@ def test_then_the_only_address():
 def test_ambiguous_is_empty_with_the_candidates():
     assert llama_cluster_address(NO_ROUTE_TWO, "", "worker1.lan") == {
         "address": "", "source": "", "candidates": ["10.0.0.5", "192.168.9.5"]}
+
+
+def test_a_port_may_belong_to_any_of_several_units():
+    """With llama_rpc_transport tls the RPC port's public socket is the TLS terminator's."""
+    tls = SS.replace("/llama-rpc-server.service", "/llama-rpc-tls.service")
+    both = dict(RPC, unit=["llama-rpc-server.service", "llama-rpc-tls.service"])
+    assert llama_port_conflicts(tls, [both]) == []
+    assert llama_port_conflicts(tls, [RPC])[0]["holder"] == "llama-rpc-tls.service"
