@@ -4,7 +4,7 @@ import time
 from shlex import quote
 
 import pytest
-from cluster_helpers import RPC_PORT, address, connect
+from cluster_helpers import RPC_PORT, address, connect, master, order_tests  # noqa: F401 (master: a fixture)
 
 WORKERS = ("worker_nft", "worker_fwd", "worker_ufw")
 BACKEND = {"worker_nft": "nftables", "worker_fwd": "firewalld", "worker_ufw": "ufw"}
@@ -34,10 +34,7 @@ except OSError as error:
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item):
-        name = item.path.name
-        return ORDER.index(name) if name in ORDER else len(ORDER)
-    items.sort(key=rank)
+    order_tests(items, ORDER)
 
 
 def tcp_connect(host, target, port, source="", timeout=CONNECT_TIMEOUT):
@@ -57,11 +54,6 @@ def start_listener(host, port=RPC_PORT):
     while host.run(f"ss -Hltn 'sport = :{port}' | grep -q .").rc != 0:
         assert time.monotonic() < deadline, f"nothing listens on port {port} after 20 s"
         time.sleep(0.3)
-
-
-@pytest.fixture(scope="session")
-def master():
-    return connect("master")
 
 
 @pytest.fixture(scope="session")
