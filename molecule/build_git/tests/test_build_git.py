@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,18 @@ import testinfra
 
 COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NODES = ("builder", "node")
+# Wait for /health, then ask (python3 in the container: no docker exec per poll).
+ASK = """
+import json, time, urllib.request
+for _ in range(240):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:18301/health", timeout=2)
+        break
+    except OSError:
+        time.sleep(0.5)
+body = json.dumps({"prompt": "The capital of France is", "n_predict": 8, "temperature": 0}).encode()
+print(urllib.request.urlopen("http://127.0.0.1:18301/completion", body, timeout=60).read().decode())
+"""
 
 
 @pytest.fixture(scope="module", params=NODES)
@@ -53,3 +66,19 @@ def test_compiled_once_for_both_nodes():
     ledger = Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log"
     compiled = [line for line in ledger.read_text().splitlines() if line.split()[1] in ids]
     assert len(compiled) == 1 and " compiled on builder " in compiled[0], compiled
+
+
+def test_the_recorded_no_mmap_flag_serves_on_this_tree():
+    """This tree knows --no-mmap and not --load-mode: the flag BUILD-INFO records (the one the llama-server
+    unit gets for a model on a network filesystem) serves the real model; the newer flag is refused."""
+    node = testinfra.get_host("docker://molecule-build_git-node")
+    server = f"/opt/llama.cpp/{COMMIT}/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
+    refused = node.run(f"timeout 30 {server} --port 18300 --load-mode none")
+    assert refused.rc != 0 and "--load-mode" in refused.stdout + refused.stderr
+    flags = " ".join(build_info(node)["no_mmap_args"])
+    assert node.run(f"(timeout 120 {server} --port 18301 {flags} > /tmp/no-mmap.log 2>&1 &)").rc == 0
+    try:
+        answer = node.check_output(f"python3 -c {shlex.quote(ASK)}")
+        assert "Paris" in json.loads(answer)["content"], answer
+    finally:
+        node.run("pkill -f -- '--port 18301'")

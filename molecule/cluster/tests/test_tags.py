@@ -6,6 +6,7 @@ from cluster_helpers import SERVER_PORT, WORKERS, cmdline, main_pid, plays, reca
 PLAYS = {
     "timesync": "Synchronise the cluster's clocks",
     "build": "Build llama.cpp once per build group and install it on every node",
+    "models": "Stage the master's models on local disk",
     "firewall": "Admit the cluster's ports from the cluster only",
     "workers": "Run the RPC server on every worker",
     "master": "Run llama-server on the master over the workers",

@@ -1,0 +1,159 @@
+"""Models (role llama_models): a verified local copy by default; a network share (sshfs from the stranger: the
+kernel here has no NFS client) staged or read in place without mmap; bad files refused with the old model
+serving; new content at the same path restaged and restarted once; the real SmolLM2 model served."""
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from cluster_helpers import (SERVER_PORT, assert_refused_in_preflight, cmdline, connect, failure_messages, http_json,
+                             main_pid, measure_serving, option, recap, run_playbook, single_process_completion,
+                             wait_health)
+
+MODELS = Path(os.environ["LLAMA_CACHE_DIR"]) / "models"
+SMOLLM2_SHA256 = os.environ["LLAMA_MODEL_SMOLLM2_SHA256"]
+STAGE_DIR = "/var/lib/llama.cpp/models"
+# The stranger's /srv/nas over sshfs (FUSE), read-only, readable by the llama user.
+SHARE = {"llama_models_mount_src": "stranger:/srv/nas", "llama_models_mount_fstype": "fuse.sshfs",
+         "llama_models_mount_opts": "ro,allow_other,IdentityFile=/root/.ssh/llama-nas,"
+                                    "StrictHostKeyChecking=accept-new,reconnect,_netdev"}
+FRANCE = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
+PROMPT = {"prompt": "Once upon a time", "n_predict": 32, "temperature": 0, "seed": 1234, "cache_prompt": False}
+LOADS = {}
+
+
+@pytest.fixture(scope="module")
+def nas():
+    return connect("stranger")
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def deploy(**extra):
+    result = run_playbook("site.yml", "-e", json.dumps(dict(SHARE, **extra)), timeout=900)
+    return result, result.stdout + result.stderr
+
+
+def server_args(master):
+    return cmdline(master, main_pid(master, "llama-server.service"))
+
+
+def restarts(output):
+    return output.count("RUNNING HANDLER [llama_server : Restart llama-server]")
+
+
+def test_the_converged_model_is_a_verified_local_copy(master):
+    args = server_args(master)
+    digest = sha256(MODELS / "cluster.gguf")
+    assert option(args, "-m") == f"{STAGE_DIR}/{digest[:12]}/cluster.gguf"
+    assert master.file(option(args, "-m")).sha256sum == digest
+    manifest = json.loads(master.file(f"{STAGE_DIR}/manifest.json").content_string)
+    assert manifest["sources"]["/srv/models/cluster.gguf"]["sha256"] == digest
+    # Local disk: llama.cpp's own loading (mmap), no --load-mode.
+    assert "--load-mode" not in args
+
+
+def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
+    nas.check_output("cp /srv/nas/smollm2.gguf /srv/nas/current.gguf")
+    before = main_pid(master, "llama-server.service")
+    result, output = deploy(llama_model_path="/mnt/models/current.gguf")
+    assert result.returncode == 0, output[-4000:]
+    assert master.check_output("findmnt -n -o FSTYPE /mnt/models") == "fuse.sshfs"
+    fstab = master.file("/etc/fstab").content_string
+    assert re.search(r"^stranger:/srv/nas /mnt/models fuse.sshfs ro,allow_other,.*_netdev", fstab, re.M), fstab
+    # The copy shows its progress; llama-server restarted once, onto the copy.
+    assert re.search(r"current\.gguf: 94 MiB of 94 MiB \(100%\)", output), output[-4000:]
+    assert restarts(output) == 1 and main_pid(master, "llama-server.service") != before
+    args = server_args(master)
+    assert option(args, "-m") == f"{STAGE_DIR}/{SMOLLM2_SHA256[:12]}/current.gguf"
+    assert "--load-mode" not in args
+    wait_health(master, SERVER_PORT)
+    answer = http_json(master, SERVER_PORT, "/completion", FRANCE)
+    assert "Paris" in answer["content"], answer["content"]
+    # The real model through both workers answers as one process does.
+    cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
+    alone = single_process_completion(master, option(args, "-m"), PROMPT)
+    assert cluster["tokens_predicted"] == alone["tokens_predicted"] == 32
+    assert cluster["content"] == alone["content"]
+    LOADS["stage"] = measure_serving(master, runs=3)["load_s"]
+
+
+def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
+    nas.check_output("cp /srv/nas/cluster.gguf /srv/nas/current.gguf.part && mv /srv/nas/current.gguf.part "
+                     "/srv/nas/current.gguf")
+    result, output = deploy(llama_model_path="/mnt/models/current.gguf")
+    assert result.returncode == 0, output[-4000:]
+    assert "changed: [master] => (item=current.gguf: " in output
+    assert restarts(output) == 1
+    digest = sha256(MODELS / "cluster.gguf")
+    assert option(server_args(master), "-m") == f"{STAGE_DIR}/{digest[:12]}/current.gguf"
+    pid = main_pid(master, "llama-server.service")
+    # Again: nothing copied (size + mtime + the recorded checksum), nothing restarted, nothing changed.
+    result, output = deploy(llama_model_path="/mnt/models/current.gguf")
+    assert result.returncode == 0, output[-4000:]
+    assert "item=current.gguf: " not in output and restarts(output) == 0
+    assert all(counts["changed"] == 0 for counts in recap(output).values()), output[-4000:]
+    assert main_pid(master, "llama-server.service") == pid
+    # Pruned to llama_models_keep (2) copies: the served one and the newest other.
+    staged = master.check_output(f"find {STAGE_DIR} -mindepth 1 -maxdepth 1 -type d -not -name '.*'").split()
+    assert len(staged) == 2, staged
+
+
+def test_direct_mode_reads_the_share_without_mmap(master, workers):
+    result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_mode="direct",
+                            llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1)
+    assert result.returncode == 0, output[-4000:]
+    assert "on fuse.sshfs, a network filesystem: read without mmap (--load-mode none)" in output
+    args = server_args(master)
+    assert option(args, "-m") == "/mnt/models/smollm2.gguf"
+    assert option(args, "--load-mode") == "none"
+    wait_health(master, SERVER_PORT)
+    assert "Paris" in http_json(master, SERVER_PORT, "/completion", FRANCE)["content"]
+    # The workers' tensor cache was held under its 1 MiB cap, and the play said so.
+    assert re.search(r"worker\d: rpc cache /var/cache/llama.cpp: \d+ entr(y|ies), .* of 1\.0 MiB cap; removed", output)
+    LOADS["direct"] = measure_serving(master, runs=3)["load_s"]
+    print(f"\nSmolLM2-135M Q4_1 load (restart -> /health 200, median of 3) staged on local disk: "
+          f"{LOADS.get('stage', float('nan')):.2f} s; direct from sshfs without mmap: {LOADS['direct']:.2f} s")
+
+
+BAD = {
+    "truncated": ("head -c 60000000 /srv/nas/smollm2.gguf > /srv/nas/bad.gguf", {},
+                  r"master: llama_model_path '/mnt/models/bad\.gguf' cannot be read as a GGUF model on master: "
+                  r".*truncated GGUF"),
+    "wrong magic": ("(printf GGML; tail -c +5 /srv/nas/smollm2.gguf) > /srv/nas/bad.gguf", {},
+                    r"master: llama_model_path '/mnt/models/bad\.gguf' cannot be read as a GGUF model on master: "
+                    r".*not a GGUF file"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_bad_file_is_refused_in_preflight(case, master, nas):
+    make, extra, message = BAD[case]
+    nas.check_output(make)
+    before = main_pid(master, "llama-server.service")
+    result, _ = deploy(llama_model_path="/mnt/models/bad.gguf", **extra)
+    assert_refused_in_preflight(result, message)
+    assert main_pid(master, "llama-server.service") == before
+    wait_health(master, SERVER_PORT, timeout=10)
+
+
+def test_a_copy_with_the_wrong_checksum_is_never_served(master):
+    before = main_pid(master, "llama-server.service")
+    result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_sha256="0" * 64)
+    assert result.returncode != 0
+    messages = failure_messages(output)
+    assert any(re.match(rf"master: /mnt/models/smollm2\.gguf has sha256 {SMOLLM2_SHA256}, not llama_model_sha256 "
+                        r"0{64}: .*the running model is untouched", text) for text in messages), messages
+    assert "PLAY [Run llama-server" not in output
+    assert not master.file(f"{STAGE_DIR}/.incoming").exists
+    assert main_pid(master, "llama-server.service") == before
+    wait_health(master, SERVER_PORT, timeout=10)
