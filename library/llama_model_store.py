@@ -216,7 +216,8 @@ def inspect(params, check_mode):
     files = source_files(src)
     total = sum(size for _, size, _ in files)
     source_fstype, _ = fstype_of(os.path.dirname(src))
-    record = load_manifest(stage_dir)["sources"].get(src)
+    # Staged copies and direct files are recorded apart: a direct record names no copy.
+    record = load_manifest(stage_dir).get("sources" if mode == "stage" else "direct", {}).get(src)
     unchanged = bool(record) and record.get("files") == fingerprint(files) and (
         not given or record.get("sha256") == given)
     result = {"changed": False, "source_fstype": source_fstype, "source_network": is_network(source_fstype),
@@ -234,7 +235,8 @@ def inspect(params, check_mode):
         result["record_needed"] = not unchanged
         return result
     staged = record.get("path") if unchanged else None
-    if staged and os.path.isfile(staged) and os.path.getsize(staged) == files[0][1]:
+    inside = bool(staged) and os.path.dirname(os.path.dirname(staged)) == stage_dir.rstrip("/")
+    if inside and os.path.isfile(staged) and os.path.getsize(staged) == files[0][1]:
         fstype, _ = fstype_of(os.path.dirname(staged))
         result["served"] = served(src, staged, True, record.get("sha256", ""), files, fstype, mode)
         return result
@@ -343,7 +345,7 @@ def record(params):
     files = source_files(src)
     os.makedirs(stage_dir, mode=0o755, exist_ok=True)
     manifest = load_manifest(stage_dir)
-    manifest["sources"][src] = {"files": fingerprint(files), "sha256": params["sha256"], "path": src}
+    manifest.setdefault("direct", {})[src] = {"files": fingerprint(files), "sha256": params["sha256"]}
     save_manifest(stage_dir, manifest)
     fstype, _ = fstype_of(os.path.dirname(src))
     return {"changed": True, "served": served(src, src, True, params["sha256"], files, fstype, "direct")}

@@ -141,3 +141,13 @@ def test_prune_keeps_the_newest_and_the_protected(store, capsys, tmp_path):
                  protect=[str(staged / "running/m.gguf")])
     assert sorted(Path(path).name for path in result["removed"]) == ["middle", "oldest"]
     assert sorted(path.name for path in staged.iterdir() if path.is_dir()) == ["newest", "running"]
+
+
+def test_a_file_served_direct_is_still_copied_when_staged(store, capsys, tmp_path):
+    """A direct record names no copy: staging the same file later copies it (the bug: the record's path, the
+    source itself, was taken for a current copy)."""
+    src = tmp_path / "model.gguf"
+    write_llama(src, n_layer=2)
+    run(store, capsys, step="record", src=str(src), stage_dir=str(tmp_path / "s"), mode="direct", sha256="")
+    served = stage(store, capsys, src, tmp_path / "s")["served"]
+    assert served["path"] == str(tmp_path / "s" / digest(src)[:12] / "model.gguf")

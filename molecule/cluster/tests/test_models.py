@@ -110,8 +110,11 @@ def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
 
 def test_direct_mode_reads_the_share_without_mmap(master, workers):
     result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_mode="direct",
-                            llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1)
+                            llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1,
+                            llama_models_ahead=[{"path": "/mnt/models/smollm2.gguf", "sha256": SMOLLM2_SHA256}])
     assert result.returncode == 0, output[-4000:]
+    # Staged ahead (same content as current.gguf's first copy: that directory gets this name too).
+    assert master.file(f"{STAGE_DIR}/{SMOLLM2_SHA256[:12]}/smollm2.gguf").sha256sum == SMOLLM2_SHA256
     assert "on fuse.sshfs, a network filesystem: read without mmap (--load-mode none)" in output
     args = server_args(master)
     assert option(args, "-m") == "/mnt/models/smollm2.gguf"
@@ -123,6 +126,15 @@ def test_direct_mode_reads_the_share_without_mmap(master, workers):
     LOADS["direct"] = measure_serving(master, runs=3)["load_s"]
     print(f"\nSmolLM2-135M Q4_1 load (restart -> /health 200, median of 3) staged on local disk: "
           f"{LOADS.get('stage', float('nan')):.2f} s; direct from sshfs without mmap: {LOADS['direct']:.2f} s")
+
+
+def test_a_model_staged_ahead_is_switched_to_without_copying(master):
+    result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_sha256=SMOLLM2_SHA256)
+    assert result.returncode == 0, output[-4000:]
+    assert "item=smollm2.gguf: " not in output and restarts(output) == 1
+    assert option(server_args(master), "-m") == f"{STAGE_DIR}/{SMOLLM2_SHA256[:12]}/smollm2.gguf"
+    wait_health(master, SERVER_PORT)
+    assert "Paris" in http_json(master, SERVER_PORT, "/completion", FRANCE)["content"]
 
 
 BAD = {
@@ -157,3 +169,35 @@ def test_a_copy_with_the_wrong_checksum_is_never_served(master):
     assert not master.file(f"{STAGE_DIR}/.incoming").exists
     assert main_pid(master, "llama-server.service") == before
     wait_health(master, SERVER_PORT, timeout=10)
+
+
+def test_an_nfs_share_as_far_as_this_kernel_allows(master):
+    """The kernel here has no NFS client: the role installs nfs-common and tries the mount with options for
+    large sequential reads; mount.nfs4 fails, the run stops in its first plays with a message naming the
+    share, fstab is put back and the cluster keeps serving. The line it tried is one systemd takes: a mount
+    unit (remote, after the network) and its automount."""
+    before = main_pid(master, "llama-server.service")
+    result = run_playbook("site.yml", "-e", json.dumps({
+        "llama_models_mount_src": "stranger:/srv/nas", "llama_models_mount_path": "/mnt/nfs",
+        "llama_models_mount_fstype": "nfs4", "llama_models_mount_automount": True,
+        "llama_model_path": "/mnt/nfs/smollm2.gguf"}), timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert master.package("nfs-common").is_installed
+    messages = failure_messages(output)
+    tried = [re.match(r"master: could not mount llama_models_mount_src 'stranger:/srv/nas' on /mnt/nfs \(nfs4, "
+                      r"(?P<opts>[^)]+)\): mount\.nfs4: .*Check the share is exported", text) for text in messages]
+    tried = [match for match in tried if match]
+    assert tried, messages
+    opts = tried[0].group("opts")
+    assert opts == ("ro,vers=4.2,proto=tcp,hard,rsize=1048576,nconnect=4,noatime,_netdev,x-systemd.automount")
+    assert "PLAY [Facts]" not in output and "/mnt/nfs" not in master.file("/etc/fstab").content_string
+    assert main_pid(master, "llama-server.service") == before
+    # systemd's own fstab generator on that line.
+    generated = master.check_output(
+        f"echo 'stranger:/srv/nas /mnt/nfs nfs4 {opts} 0 0' > /tmp/fstab.nfs && rm -rf /tmp/gen && mkdir /tmp/gen && "
+        "SYSTEMD_FSTAB=/tmp/fstab.nfs /lib/systemd/system-generators/systemd-fstab-generator /tmp/gen /tmp/gen "
+        "/tmp/gen && cat /tmp/gen/mnt-nfs.mount && ls /tmp/gen /tmp/gen/remote-fs.target.requires")
+    assert "What=stranger:/srv/nas" in generated and "Type=nfs4" in generated
+    assert f"Options={opts.replace(',x-systemd.automount', '')}" in generated or f"Options={opts}" in generated
+    assert "mnt-nfs.automount" in generated
