@@ -19,11 +19,6 @@ CASES = {
                               r"worker\d: llama_rpc_port must be a port number 1-65535 \(got 70000\)"),
     "API port out of range": ({"llama_server_port": 99999},
                               r"master: llama_server_port must be a port number 1-65535 \(got 99999\)"),
-    "port not a number": ({"llama_rpc_port": "fifty"}, r"worker\d: llama_rpc_port must be an int, got 'fifty'\. "),
-    "unknown backend": ({"llamacpp_backend": "rocm"},
-                        r"\w+: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm\."),
-    "misspelt variable": ({"llama_rpc_prot": 50053},
-                          r"\w+: llama_rpc_prot is not a variable of any role \(did you mean llama_rpc_port\?\)"),
     "bind address not the cluster address": (
         {"llama_rpc_bind_address": "10.255.255.1"},
         r"worker\d: llama_rpc_bind_address is '10\.255\.255\.1', but the master dials this worker at its cluster "
@@ -32,9 +27,6 @@ CASES = {
         {"llama_cluster_address": "10.255.255.1"},
         r"\w+: llama_cluster_address 10\.255\.255\.1 \(from llama_cluster_address\) is not an IPv4 address of this "
         r"host \(it has [\d.]+\): set llama_cluster_address"),
-    "unknown firewall backend": ({"llama_firewall": "iptables"},
-                                 r"\w+: llama_firewall must be one of: auto, nftables, firewalld, ufw, none, "
-                                 r"got: iptables\."),
     # No silent fallback to the CPU: a CUDA build needs the toolkit on the build host.
     "missing CUDA toolkit": ({"llamacpp_backend": "cuda", "llamacpp_cuda_architectures": "86"},
                              r"master: llamacpp_backend is cuda but /usr/local/cuda/bin/nvcc does not exist"),
@@ -52,6 +44,19 @@ CASES = {
                            r"master: model needs \d+ MiB \(weights \+ KV at llama_server_ctx_size=2048\) but the devices' budgets "
                            r"total 34 MiB: short by \d+ MiB; add a device, lower llama_server_ctx_size or "
                            r"llama_split_reserve_fraction$"),
+}
+
+
+# Mistakes argument_specs catches, all in one run: the Variables play reports every one of them at once.
+SPEC_CASES = {
+    "port not a number": ({"llama_rpc_port": "fifty"}, r"worker\d: llama_rpc_port must be an int, got 'fifty'\. "),
+    "unknown backend": ({"llamacpp_backend": "rocm"},
+                        r"\w+: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm\."),
+    "misspelt variable": ({"llama_rpc_prot": 50053},
+                          r"\w+: llama_rpc_prot is not a variable of any role \(did you mean llama_rpc_port\?\)"),
+    "unknown firewall backend": ({"llama_firewall": "iptables"},
+                                 r"\w+: llama_firewall must be one of: auto, nftables, firewalld, ufw, none, "
+                                 r"got: iptables\."),
 }
 
 
@@ -112,3 +117,14 @@ def test_workers_bound_to_every_address_are_dialled_at_their_cluster_addresses(w
     published = re.search(r'"llama_server_rpc": (\[[^\]]*\])', output)
     assert published, output[-3000:]
     assert json.loads(published.group(1)) == [f"{address(workers[name])}:{RPC_PORT}" for name in WORKERS]
+
+
+def test_every_variable_mistake_is_named_in_one_run(before, master, workers):
+    extra_vars = {name: value for extra, _ in SPEC_CASES.values() for name, value in extra.items()}
+    result = run_playbook("site.yml", "-e", json.dumps(extra_vars), timeout=600)
+    output = result.stdout + result.stderr
+    errors = [error for failure in re.findall(r"FAILED! => (\{.*\})$", output, re.M)
+              for error in json.loads(failure).get("errors", [])]
+    for case, (_, message) in SPEC_CASES.items():
+        assert any(re.match(message, error) for error in errors), (case, errors)
+    assert_refused_before_any_change(result, r"\w+: ", before, master, workers)
