@@ -197,3 +197,14 @@ def test_an_nfs_share_as_far_as_this_kernel_allows(master):
     assert "What=stranger:/srv/nas" in generated and "Type=nfs4" in generated
     assert f"Options={opts.replace(',x-systemd.automount', '')}" in generated or f"Options={opts}" in generated
     assert "mnt-nfs.automount" in generated
+
+
+def test_decommission_unmounts_the_share_and_removes_the_copies(master):
+    """Last of the scenario: playbooks/decommission.yml on the master unmounts the share, drops its fstab line
+    and removes the staged copies."""
+    assert master.run("findmnt /mnt/models").rc == 0
+    result = run_playbook("playbooks/decommission.yml", "--limit", "master", "-e", json.dumps(SHARE), timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert master.run("findmnt /mnt/models").rc != 0
+    assert "stranger:/srv/nas" not in master.file("/etc/fstab").content_string
+    assert not master.file(STAGE_DIR).exists
