@@ -525,3 +525,29 @@ def test_set_fact_keys_are_found_in_blocks_and_free_form():
     found: set[str] = set()
     _set_fact_keys(yaml.safe_load(tasks), found)
     assert found == {"demo_fact", "other_fact", "__private"}
+
+
+def _tasks(items):
+    """Every task of a task list or playbook, blocks included."""
+    for item in items or []:
+        if not isinstance(item, dict):
+            continue
+        if "hosts" in item:
+            for key in ("pre_tasks", "tasks", "post_tasks", "handlers"):
+                yield from _tasks(item.get(key))
+            continue
+        yield item
+        for key in ("block", "rescue", "always"):
+            yield from _tasks(item.get(key))
+
+
+@pytest.mark.parametrize("path", sorted(str(path.relative_to(ROOT)) for path in
+                                        [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("playbooks/*.yml")]))
+def test_asserts_fail_with_their_message_only(path):
+    """`quiet: true` among an assert's arguments: a failure is then one JSON line whose msg is the message
+    (what users read and the tests match). Misplaced under `vars:`, the failure was printed over many lines
+    with the assertion and no test found the message."""
+    loud = [task.get("name") for task in _tasks(yaml.safe_load((ROOT / path).read_text()))
+            if "ansible.builtin.assert" in task
+            and (task["ansible.builtin.assert"] or {}).get("quiet") is not True]
+    assert not loud, f"{path}: asserts without quiet: true: {loud}"
