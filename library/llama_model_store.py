@@ -211,7 +211,12 @@ class Failure(Exception):
     pass
 
 
-def inspect(params, check_mode):
+def checksum_mismatch(src, actual, given):
+    return Failure(f"{src} has sha256 {actual}, not llama_model_sha256 {given}: the file changed or the checksum "
+                   f"is wrong. Fix llama_model_sha256 or the file; the running model is untouched")
+
+
+def inspect(params):
     src, stage_dir, mode, given = params["src"], params["stage_dir"], params["mode"], params["sha256"]
     files = source_files(src)
     total = sum(size for _, size, _ in files)
@@ -227,9 +232,7 @@ def inspect(params, check_mode):
         if given and not known:
             actual = sha256_file(src)
             if actual != given:
-                raise Failure(f"{src} has sha256 {actual}, not llama_model_sha256 {given}: the file changed or the "
-                              f"checksum is wrong. Fix llama_model_sha256 or the file; the running model is "
-                              f"untouched")
+                raise checksum_mismatch(src, actual, given)
             known = actual
         result["served"] = served(src, src, True, known, files, source_fstype, mode)
         result["record_needed"] = not unchanged
@@ -241,7 +244,7 @@ def inspect(params, check_mode):
         result["served"] = served(src, staged, True, record.get("sha256", ""), files, fstype, mode)
         return result
     # Not staged yet (or changed): the copy goes to STAGE_DIR/SHA12/ once hashed.
-    target_parent = stage_dir if os.path.isdir(stage_dir) else os.path.dirname(stage_dir.rstrip("/")) or "/"
+    target_parent = stage_dir  # or its nearest existing parent: where the copy's space comes from
     while not os.path.isdir(target_parent):
         target_parent = os.path.dirname(target_parent)
     usage = shutil.disk_usage(target_parent)
@@ -308,8 +311,7 @@ def finish(params):
             hashes[os.path.basename(path)] = sha256_file(copy)
         actual = hashes[os.path.basename(src)]
         if given and actual != given:
-            raise Failure(f"{src} has sha256 {actual}, not llama_model_sha256 {given}: the file changed or the "
-                          f"checksum is wrong. Fix llama_model_sha256 or the file; the running model is untouched")
+            raise checksum_mismatch(src, actual, given)
         if files != source_files(src):
             raise Failure(f"{src} changed while it was being staged; run the play again")
         read_gguf_shards(os.path.join(incoming, os.path.basename(src)))
@@ -398,7 +400,7 @@ def main():
     params["sha256"] = params["sha256"].lower()
     try:
         if step == "inspect":
-            result = inspect(params, module.check_mode)
+            result = inspect(params)
         elif step == "prune":
             result = prune(params, module.check_mode)
         elif module.check_mode:
