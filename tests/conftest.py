@@ -35,7 +35,15 @@ def step_times():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Converge and no-op re-run (idempotence) times of each scenario, measured in this run."""
+    """Each scenario's step times, and its converge vs no-op re-run (idempotence) ratio, measured in this run."""
+    if not STEP_TIMES:
+        return
+    terminalreporter.section("molecule steps (this run, seconds)")
+    steps = ["create", "prepare", "converge", "idempotence", "verify"]
+    terminalreporter.write_line(f"{'scenario':18} " + " ".join(f"{step:>11}" for step in steps) + f" {'total':>8}")
+    for name, times in STEP_TIMES.items():
+        terminalreporter.write_line(f"{name:18} " + " ".join(f"{times.get(step, 0):11.1f}" for step in steps)
+                                    + f" {sum(times.values()):8.1f}")
     timed = {name: steps for name, steps in STEP_TIMES.items() if "idempotence" in steps}
     if not timed:
         return

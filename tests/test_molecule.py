@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-# Cheapest first. `cluster` and `build_git` each compile one llama.cpp tree (two commits, two sources);
+# Cheapest first. `cluster` and `upgrade` each compile one llama.cpp tree (two commits, two sources);
 # later scenarios reuse the suite's artifact cache.
-SCENARIOS = ["chrony", "chrony_airgapped", "firewall", "network", "cluster", "tls", "build_git"]
+SCENARIOS = ["chrony", "chrony_airgapped", "firewall", "network", "cluster", "tls", "upgrade"]
 STEPS = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify"]
 
 

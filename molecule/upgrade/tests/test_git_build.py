@@ -1,4 +1,5 @@
-"""A git-sourced build of an older tree: verified commit, names and flags read from the tree, built once."""
+"""The converge: site.yml builds an older tree from git - verified commit, names and flags read from the tree,
+built once for both nodes (the upgrade tests then move this cluster to 0c1e570)."""
 
 import json
 import os
@@ -26,7 +27,7 @@ print(urllib.request.urlopen("http://127.0.0.1:18301/completion", body, timeout=
 
 @pytest.fixture(scope="module", params=NODES)
 def node(request):
-    return testinfra.get_host(f"docker://molecule-build_git-{request.param}")
+    return testinfra.get_host(f"docker://molecule-upgrade-{request.param}")
 
 
 def build_info(host):
@@ -47,7 +48,10 @@ def test_build_info_describes_the_tree(node):
 
 
 def test_binaries_run_and_report_the_commit(node):
-    bindir = f"/opt/llama.cpp/{COMMIT}/bin"
+    # Installed in a directory of its own, named by the build; current points at it.
+    build_dir = f"/opt/llama.cpp/{build_info(node)['build_id']}"
+    assert node.check_output("readlink -f /opt/llama.cpp/current") == build_dir
+    bindir = f"{build_dir}/bin"
     assert node.file(f"{bindir}/rpc-server").is_file
     version = node.run(f"{bindir}/llama-server --version")
     assert COMMIT in version.stdout + version.stderr
@@ -61,7 +65,7 @@ def test_only_the_builder_has_a_toolchain(node):
 
 
 def test_compiled_once_for_both_nodes():
-    ids = {build_info(testinfra.get_host(f"docker://molecule-build_git-{name}"))["build_id"] for name in NODES}
+    ids = {build_info(testinfra.get_host(f"docker://molecule-upgrade-{name}"))["build_id"] for name in NODES}
     assert len(ids) == 1
     ledger = Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log"
     compiled = [line for line in ledger.read_text().splitlines() if line.split()[1] in ids]
@@ -71,8 +75,8 @@ def test_compiled_once_for_both_nodes():
 def test_the_recorded_no_mmap_flag_serves_on_this_tree():
     """This tree knows --no-mmap and not --load-mode: the flag BUILD-INFO records (the one the llama-server
     unit gets for a model on a network filesystem) serves the real model; the newer flag is refused."""
-    node = testinfra.get_host("docker://molecule-build_git-node")
-    server = f"/opt/llama.cpp/{COMMIT}/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
+    node = testinfra.get_host("docker://molecule-upgrade-node")
+    server = f"/opt/llama.cpp/current/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
     refused = node.run(f"timeout 30 {server} --port 18300 --load-mode none")
     assert refused.rc != 0 and "--load-mode" in refused.stdout + refused.stderr
     flags = " ".join(build_info(node)["no_mmap_args"])
@@ -82,3 +86,11 @@ def test_the_recorded_no_mmap_flag_serves_on_this_tree():
         assert "Paris" in json.loads(answer)["content"], answer
     finally:
         node.run("pkill -f -- '--port 18301'")
+
+
+@pytest.mark.parametrize("name, unit", [("builder", "llama-server.service"), ("node", "llama-rpc-server.service")])
+def test_a_first_deploy_starts_each_service_once(name, unit):
+    """Converge (a first deploy) and its no-op re-run: each service started once, the model loaded once."""
+    host = testinfra.get_host(f"docker://molecule-upgrade-{name}")
+    starts = host.check_output(f"journalctl -u {unit} -o cat --no-pager | grep -c '^Started {unit}' || true")
+    assert starts == "1"

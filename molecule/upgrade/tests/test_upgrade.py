@@ -1,0 +1,208 @@
+"""upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
+that change nothing, a switch that fails and is rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server,
+protocol 7, --load-mode) under a client's requests, the drift check, a no-op re-run and a rollback on purpose.
+
+The tests run in this file's order: each starts from the state the one before left."""
+
+import json
+import os
+import re
+import subprocess
+import time
+from shlex import quote
+
+import pytest
+from cluster_helpers import (assert_refused_in_preflight, cmdline, connect, container, failure_messages, http_json,
+                             main_pid, plays, recap, run_playbook)
+
+OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
+NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
+# The suite's 0c1e570 build settings (the cluster scenario's): the same build identity, so its artifact is reused.
+NEW_VARS = json.dumps({"llamacpp_commit": NEW, "llamacpp_build_number": int(os.environ["LLAMA_SRC_0_3_36_BUILD"]),
+                       "llamacpp_source": "archive", "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
+                       "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
+ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
+# A client asking every 0.5 s during the upgrade, logging "monotonic-seconds ok|error" per request.
+POLLER = """
+import json, sys, time, urllib.request
+body = json.dumps({"prompt": "Hello", "n_predict": 2, "temperature": 0}).encode()
+with open(sys.argv[1], "w", buffering=1) as log:
+    while True:
+        try:
+            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=10).read()
+            log.write(f"{time.monotonic():.2f} ok\\n")
+        except Exception:
+            log.write(f"{time.monotonic():.2f} error\\n")
+        time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return connect("builder")
+
+
+@pytest.fixture(scope="module")
+def node():
+    return connect("node")
+
+
+@pytest.fixture(scope="module")
+def before(builder):
+    """The greedy answer and the build of each node before any upgrade."""
+    return {"answer": ask(builder), "builds": {name: build(connect(name)) for name in ("builder", "node")}}
+
+
+def ask(builder):
+    return http_json(builder, 8080, "/completion", ASK, key=None)["content"]
+
+
+def build(host):
+    return json.loads(host.file("/opt/llama.cpp/current/BUILD-INFO.json").content_string)
+
+
+def upgrade(*args, inventory_args=()):
+    result = run_playbook("upgrade.yml", "-e", NEW_VARS, *inventory_args, *args, timeout=1800)
+    return result, result.stdout + result.stderr
+
+
+def unit_line(host, unit, prefix):
+    return next(line for line in host.file(f"/etc/systemd/system/{unit}").content_string.splitlines()
+                if line.startswith(prefix))
+
+
+def assert_serving(builder, node, info, answer):
+    """Both nodes run `info`'s build, their units name its binary, and the cluster answers `answer`."""
+    for host in (builder, node):
+        assert build(host)["build_id"] == info["build_id"]
+        assert unit_line(host, "llama-rpc-server.service" if host is node else "llama-server.service",
+                         "Environment=LLAMACPP_BUILD_ID=") == f"Environment=LLAMACPP_BUILD_ID={info['build_id']}"
+    assert f"/{info['rpc_server_binary']} " in unit_line(node, "llama-rpc-server.service", "ExecStart=")
+    assert ask(builder) == answer
+
+
+def test_site_refuses_to_switch_the_running_cluster_to_another_commit(before):
+    result = run_playbook("site.yml", "-e", NEW_VARS)
+    assert_refused_in_preflight(
+        result, rf"builder runs {OLD}, node runs {OLD}, not llamacpp_commit {NEW}: site.yml never switches a running "
+                r"cluster to another commit\. Run `ansible-playbook upgrade.yml`")
+
+
+def test_a_node_that_does_not_answer_stops_the_upgrade_before_anything(builder, node, before):
+    """A paused container: the docker connection cannot run anything there (over SSH: unreachable)."""
+    subprocess.run(["docker", "pause", container("node")], check=True)
+    try:
+        result, output = upgrade()
+    finally:
+        subprocess.run(["docker", "unpause", container("node")], check=True)
+    assert result.returncode != 0 and re.search(r"^fatal: \[node\]", output, re.M), output[-3000:]
+    assert list(plays(output)) == ["Upgrade - every node answers"], output[-3000:]
+    assert not re.search(r"changed=[1-9]", output)
+    assert_serving(builder, node, before["builds"]["node"], before["answer"])
+
+
+def test_verify_passes_on_the_deployed_cluster():
+    result = run_playbook("playbooks/verify.yml")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert f"Every node runs {before_build_id()} (commit {OLD}, RPC protocol 4.0.1)" in output
+
+
+def before_build_id():
+    return build(connect("node"))["build_id"]
+
+
+def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
+    """The new llama-server gets a flag it refuses (injected for the test): it never answers /health, so every
+    node goes back to the saved build and units, and the old cluster serves again."""
+    result, output = upgrade("-e", '{"llama_server_extra_args": ["--no-such-flag"], "llama_server_health_timeout": 20}')
+    assert result.returncode != 0, output[-3000:]
+    old = before["builds"]["node"]
+    assert any(message.startswith(f"The upgrade to {NEW} failed - builder: ") and
+               f"Every node is back on {old['build_id']} ({OLD}) and the cluster serves" in message
+               for message in failure_messages(output)), failure_messages(output)
+    assert "PLAY [Upgrade - roll back]" in output
+    assert_serving(builder, node, old, before["answer"])
+    # The new build stays staged beside the old one for the next try.
+    assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
+
+
+def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before):
+    builder.run(f"nohup python3 -c {quote(POLLER)} /tmp/poller.log > /dev/null 2>&1 & echo $! > /tmp/poller.pid")
+    try:
+        result, output = upgrade()
+    finally:
+        time.sleep(3)
+        builder.run("kill $(cat /tmp/poller.pid)")
+    assert result.returncode == 0, output[-4000:]
+    new = build(node)
+    assert (new["commit"], new["rpc_proto"], new["rpc_server_binary"]) == (NEW, "7.0.0", "ggml-rpc-server")
+    assert_serving(builder, node, new, before["answer"])
+    # The client saw the API answer until the switch began and after it ended: one window of errors.
+    log = [line.split() for line in builder.file("/tmp/poller.log").content_string.splitlines()]
+    states = "".join("e" if state == "error" else "o" for _, state in log)
+    assert re.fullmatch(r"o+e*o+", states), states
+    failed = [float(stamp) for stamp, state in log if state == "error"]
+    outage, load = map(float, re.search(r"Outage \(master stopped -> /health 200 and a completion\): ([\d.]+) s, "
+                                        r"of which the model load \(llama-server start -> now\) ([\d.]+) s",
+                                        output).groups())
+    window = (failed[-1] - failed[0]) if failed else 0.0
+    print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed over {window:.1f} s; "
+          f"outage reported {outage} s (model load {load} s)")
+    assert window <= outage + 2
+
+
+def test_verify_names_a_node_switched_by_hand(node):
+    new, old_dir = build(node), node.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()
+    old_dir = next(path for path in old_dir if not path.endswith(new["build_id"]))
+    switched = node.check_output("stat -c %Y /opt/llama.cpp/current")
+    node.check_output(f"ln -sfn {old_dir} /opt/llama.cpp/current")
+    try:
+        result = run_playbook("playbooks/verify.yml", "-e", f"llamacpp_commit={NEW}")
+    finally:
+        # Back as it was, its time included (a link switched after the service started means a stale binary).
+        node.check_output(f"ln -sfn /opt/llama.cpp/{new['build_id']} /opt/llama.cpp/current && "
+                          f"touch -h -d @{switched} /opt/llama.cpp/current")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    (message,) = failure_messages(output)
+    assert message.startswith(f"Drift: node: runs commit {OLD}, not llamacpp_commit {NEW}; speaks RPC protocol "
+                              f"4.0.1, other nodes 7.0.0; llama-rpc-server.service is set up for {new['build_id']}, "
+                              f"not the active build "), message
+    assert "builder" not in message.split("|")[0].replace("Drift: node", "")
+    assert run_playbook("playbooks/verify.yml", "-e", f"llamacpp_commit={NEW}").returncode == 0
+
+
+def test_the_upgrade_again_does_nothing(builder):
+    pid = main_pid(builder, "llama-server.service")
+    result, output = upgrade()
+    assert result.returncode == 0, output[-3000:]
+    assert f"Every node already runs its planned build ({NEW[:12]}): nothing to do." in output
+    assert all(counts["changed"] == 0 for counts in recap(output).values()), output[-3000:]
+    assert main_pid(builder, "llama-server.service") == pid
+
+
+def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before):
+    result = run_playbook("upgrade.yml", "-e", "llama_rollback=true")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    old = before["builds"]["node"]
+    assert f"Every node is back on {old['build_id']} and the cluster serves." in output
+    assert_serving(builder, node, old, before["answer"])
+    assert "--no-mmap" not in cmdline(builder, main_pid(builder, "llama-server.service"))
+    # The units are those site.yml rendered for this build: site.yml (inventory: the old commit) changes nothing.
+    again = run_playbook("site.yml")
+    assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
+
+
+def test_a_worker_only_change_reconnects_the_master(builder, node):
+    """A setting that restarts only the RPC server: llama-server's connection to it died with it, so the master is
+    restarted after it, once, and the smoke request passes."""
+    workers_before, master_before = main_pid(node, "llama-rpc-server.service"), main_pid(builder, "llama-server.service")
+    result = run_playbook("site.yml", "-e", "llama_rpc_threads=1")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "restarting llama-server for the restarted RPC server(s) of node" in output
+    assert main_pid(node, "llama-rpc-server.service") != workers_before
+    assert main_pid(builder, "llama-server.service") != master_before
+    assert "Completion served through RPC0" in output
