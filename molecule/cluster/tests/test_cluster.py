@@ -83,7 +83,9 @@ def test_binaries_report_the_pinned_commit(master, workers):
         assert info["rpc_proto"] == "7.0.0"
         assert info["rpc_server_binary"] == "ggml-rpc-server"
         assert info["no_mmap_args"] == ["--load-mode", "none"]
-        assert host.file("/opt/llama.cpp/current").linked_to == f"/opt/llama.cpp/{commit}"
+        # A directory per build, named by it (commit, backend, platform, flags hash).
+        assert host.file("/opt/llama.cpp/current").linked_to == f"/opt/llama.cpp/{info['build_id']}"
+        assert info["build_id"].startswith(f"llama.cpp-{commit[:12]}-cpu-")
         for binary in ("llama-server", "llama-cli", "llama-bench"):
             version = host.run(f"/opt/llama.cpp/current/bin/{binary} --version")
             assert f"commit {commit}" in version.stdout + version.stderr, binary
