@@ -13,7 +13,7 @@ from shlex import quote
 
 import pytest
 from cluster_helpers import (assert_refused_in_preflight, cmdline, connect, container, failure_messages, http_json,
-                             main_pid, plays, recap, run_playbook)
+                             main_pid, plays, recap, run_playbook, wait_health)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
@@ -101,6 +101,19 @@ def test_a_node_that_does_not_answer_stops_the_upgrade_before_anything(builder, 
     assert_serving(builder, node, before["builds"]["node"], before["answer"])
 
 
+def test_a_build_that_fails_on_one_node_stops_before_any_switch(builder, node, before, tmp_path):
+    """An impossible CMake flag for the worker only (its own build group, so it compiles): the stage fails there,
+    every node stops, nothing is switched and the old build serves."""
+    extra = tmp_path / "node-cannot-build.yml"
+    extra.write_text("all:\n  hosts:\n    node:\n      llamacpp_cmake_extra_args: [-DCMAKE_C_COMPILER=/nonexistent/cc]\n")
+    result, output = upgrade(inventory_args=("-i", str(extra)))
+    assert result.returncode != 0, output[-3000:]
+    assert re.search(r"^fatal: \[node\]", output, re.M) and "/nonexistent/cc" in output, output[-3000:]
+    assert "PLAY [Upgrade - stage the new build while the old one serves]" in output
+    assert "PLAY [Upgrade - gate]" not in output and "PLAY [Upgrade - roll back]" not in output
+    assert_serving(builder, node, before["builds"]["node"], before["answer"])
+
+
 def test_verify_passes_on_the_deployed_cluster():
     result = run_playbook("playbooks/verify.yml")
     output = result.stdout + result.stderr
@@ -180,6 +193,71 @@ def test_the_upgrade_again_does_nothing(builder):
     assert f"Every node already runs its planned build ({NEW[:12]}): nothing to do." in output
     assert all(counts["changed"] == 0 for counts in recap(output).values()), output[-3000:]
     assert main_pid(builder, "llama-server.service") == pid
+
+
+def monotonic(host):
+    return float(host.check_output("python3 -c 'import time; print(time.monotonic())'"))
+
+
+def recovery(builder, since, timeout=180, stable=5.0):
+    """(seconds from `since` until the poller's requests were answered again for good, requests failed in between):
+    answered again = the first answered request after the last failed one, followed by `stable` s of answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = [line.split() for line in builder.file("/tmp/healing.log").content_string.splitlines()]
+        after = [(float(stamp), state) for stamp, state in log if float(stamp) > since]
+        failed = [stamp for stamp, state in after if state == "error"]
+        answered = [stamp for stamp, state in after if state == "ok" and stamp > (failed[-1] if failed else since)]
+        if answered and answered[-1] - answered[0] >= stable:
+            return answered[0] - since, len(failed)
+        time.sleep(1)
+    raise AssertionError(f"the cluster did not answer again for good within {timeout} s")
+
+
+def test_the_cluster_heals_itself(builder, node):
+    """A worker killed while no request runs, then under a client asking every 0.5 s: a worker killed, a worker
+    host restarted, the master killed. Each time the cluster answers again with no human action."""
+    # The poller of the upgrade test, idle while /tmp/healing.pause exists.
+    poller = POLLER.replace("    while True:\n", "    while True:\n        if os.path.exists('/tmp/healing.pause'):\n"
+                                                 "            time.sleep(0.2); continue\n").replace("import json,", "import os, json,")
+    builder.check_output("touch /tmp/healing.pause")
+    builder.run(f"nohup python3 -c {quote(poller)} /tmp/healing.log > /dev/null 2>&1 & echo $! > /tmp/healing.pid")
+    figures = []
+    try:
+        # Idle: llama-server-watch sees the worker's end of the connection closed and restarts the master before
+        # a client comes; the next request is answered.
+        master_pid, since = main_pid(builder, "llama-server.service"), time.monotonic()
+        node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
+        while builder.check_output("systemctl show -p MainPID --value llama-server.service") in ("0", str(master_pid)):
+            assert time.monotonic() - since < 30, "llama-server-watch did not restart llama-server"
+            time.sleep(0.2)
+        restarted = time.monotonic() - since
+        wait_health(builder, 8080)
+        serving = time.monotonic() - since
+        resumed = time.monotonic()
+        builder.check_output("rm /tmp/healing.pause")
+        _, failed = recovery(builder, resumed)
+        figures.append(("worker killed, idle", serving, failed,
+                        f"master restarted by the watch {restarted:.1f} s after the kill, before any request"))
+        assert failed == 0
+        for event in ("worker killed (SIGKILL)", "worker host restarted", "master killed (SIGKILL)"):
+            since = monotonic(builder)
+            if event.startswith("worker killed"):
+                node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
+            elif event.startswith("worker host"):
+                subprocess.run(["docker", "restart", "-t", "10", container("node")], check=True)
+            else:
+                builder.check_output(f"kill -KILL {main_pid(builder, 'llama-server.service')}")
+            seconds, failed = recovery(builder, since)
+            figures.append((event, seconds, failed, "under load"))
+    finally:
+        builder.run("kill $(cat /tmp/healing.pid)")
+    print("\nself-healing (SmolLM2 over one worker; a client asking every 0.5 s where under load):")
+    for event, seconds, failed, note in figures:
+        print(f"  {event:26} answering again for good {seconds:5.1f} s after, {failed:2} failed requests ({note})")
+    watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
+    assert "worker connection(s) closed by the worker" in watch
+    assert ask(builder)
 
 
 def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before):
