@@ -13,6 +13,7 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
 STEP_TIMES = collections.defaultdict(dict)
+SLOWEST_TESTS = {}
 
 
 def pytest_configure(config):
@@ -34,6 +35,12 @@ def step_times():
     return STEP_TIMES
 
 
+@pytest.fixture(scope="session")
+def slowest_tests():
+    """{scenario: the slowest tests of its verify step (pytest --durations lines)}, printed at the end."""
+    return SLOWEST_TESTS
+
+
 def pytest_terminal_summary(terminalreporter):
     """Each scenario's step times, and its converge vs no-op re-run (idempotence) ratio, measured in this run."""
     if not STEP_TIMES:
@@ -44,6 +51,10 @@ def pytest_terminal_summary(terminalreporter):
     for name, times in STEP_TIMES.items():
         terminalreporter.write_line(f"{name:18} " + " ".join(f"{times.get(step, 0):11.1f}" for step in steps)
                                     + f" {sum(times.values()):8.1f}")
+    for name, lines in SLOWEST_TESTS.items():
+        terminalreporter.section(f"slowest tests of {name}")
+        for line in lines:
+            terminalreporter.write_line(line)
     timed = {name: steps for name, steps in STEP_TIMES.items() if "idempotence" in steps}
     if not timed:
         return
