@@ -22,12 +22,15 @@ NEW_VARS = json.dumps({"llamacpp_commit": NEW, "llamacpp_build_number": int(os.e
                        "llamacpp_source": "archive", "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
                        "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
-# A client asking every 0.5 s during the upgrade, logging "monotonic-seconds ok|error" per request.
+# A client asking every 0.5 s, logging "monotonic-seconds ok|error" per request to LOG; idle while LOG.pause exists.
 POLLER = """
-import json, sys, time, urllib.request
+import json, os, sys, time, urllib.request
 body = json.dumps({"prompt": "Hello", "n_predict": 2, "temperature": 0}).encode()
 with open(sys.argv[1], "w", buffering=1) as log:
     while True:
+        if os.path.exists(sys.argv[1] + ".pause"):
+            time.sleep(0.2)
+            continue
         try:
             urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=10).read()
             log.write(f"{time.monotonic():.2f} ok\\n")
@@ -217,11 +220,8 @@ def recovery(builder, since, timeout=180, stable=5.0):
 def test_the_cluster_heals_itself(builder, node):
     """A worker killed while no request runs, then under a client asking every 0.5 s: a worker killed, a worker
     host restarted, the master killed. Each time the cluster answers again with no human action."""
-    # The poller of the upgrade test, idle while /tmp/healing.pause exists.
-    poller = POLLER.replace("    while True:\n", "    while True:\n        if os.path.exists('/tmp/healing.pause'):\n"
-                                                 "            time.sleep(0.2); continue\n").replace("import json,", "import os, json,")
-    builder.check_output("touch /tmp/healing.pause")
-    builder.run(f"nohup python3 -c {quote(poller)} /tmp/healing.log > /dev/null 2>&1 & echo $! > /tmp/healing.pid")
+    builder.check_output("touch /tmp/healing.log.pause")
+    builder.run(f"nohup python3 -c {quote(POLLER)} /tmp/healing.log > /dev/null 2>&1 & echo $! > /tmp/healing.pid")
     figures = []
     try:
         # Idle: llama-server-watch sees the worker's end of the connection closed and restarts the master before
@@ -235,7 +235,7 @@ def test_the_cluster_heals_itself(builder, node):
         wait_health(builder, 8080)
         serving = time.monotonic() - since
         resumed = time.monotonic()
-        builder.check_output("rm /tmp/healing.pause")
+        builder.check_output("rm /tmp/healing.log.pause")
         _, failed = recovery(builder, resumed)
         figures.append(("worker killed, idle", serving, failed,
                         f"master restarted by the watch {restarted:.1f} s after the kill, before any request"))
