@@ -11,7 +11,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv docker image fixtures lint unit docs molecule test demo demo-down clean
+.PHONY: help venv docker image fixtures lint unit docs molecule test test-cuda demo demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,10 @@ docs: venv  ## regenerate the variable tables of the role READMEs from their arg
 
 test: venv fixtures lint  ## everything: lint, unit tests, molecule scenarios
 	source $(FIXTURES_ENV); pytest -v -p no:cacheprovider tests/
+
+test-cuda: venv fixtures  ## the CUDA backend built and installed (not in `make test`: ~25 min on 2 cores; needs nvcc)
+	source $(FIXTURES_ENV); export LLAMA_CUDA_TOOLKIT=$$($(VENV)/bin/python tools/fixtures.py cuda-toolkit); \
+	LLAMA_OPTIONAL_SCENARIOS=cuda pytest -v -p no:cacheprovider "tests/test_molecule.py::test_scenario[cuda]"
 
 demo: venv fixtures  ## a local 3-container cluster serving a tiny model through site.yml
 	source $(FIXTURES_ENV); tools/demo.sh up

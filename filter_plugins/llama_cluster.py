@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import json
 from collections.abc import Mapping
 
@@ -111,19 +112,27 @@ def llama_devices_with_speeds(devices, speeds, host):
     return merged
 
 
-def llama_select_devices(devices, names, host):
-    """The devices named in `names` (all when it is empty), in the devices' order."""
+def llama_select_devices(devices, names, host, provisional=""):
+    """The devices named in `names` (all when it is empty), in the devices' order.
+
+    provisional: a device name prefix (e.g. "Vulkan") whose devices the host cannot list yet (only its first
+    build of that backend can): such a name stands for a device of unknown size, marked provisional, which
+    playbooks/build.yml resolves once the build is installed."""
     devices = _devices(devices, host)
     if not names:
         return list(devices)
     if not _is_list(names) or not all(isinstance(name, str) for name in names):
         raise AnsibleFilterError(f"{host}: llama_rpc_devices must be a list of device names, got {names!r}")
     available = [device["name"] for device in devices]
-    unknown = [name for name in names if name not in available]
+    pending = [name for name in names if name not in available and provisional
+               and re.fullmatch(re.escape(provisional) + r"[0-9]+", name)]
+    unknown = [name for name in names if name not in available and name not in pending]
     if unknown:
         raise AnsibleFilterError(f"{host}: llama_rpc_devices names {', '.join(unknown)}, but {host} has "
                                  f"{', '.join(available) or 'no devices'} (llama_devices or discovery)")
-    return [device for device in devices if device["name"] in names]
+    cpu = next((device for device in devices if device["name"] == "CPU"), {"memory_mib": 1})
+    return ([{"name": name, "memory_mib": cpu["memory_mib"], "provisional": True} for name in sorted(pending)]
+            + [device for device in devices if device["name"] in names])
 
 
 def _label(device):

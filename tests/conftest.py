@@ -14,6 +14,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[1]
 STEP_TIMES = collections.defaultdict(dict)
 SLOWEST_TESTS = {}
+TIMELINE = {}
 
 
 def pytest_configure(config):
@@ -41,6 +42,12 @@ def slowest_tests():
     return SLOWEST_TESTS
 
 
+@pytest.fixture(scope="session")
+def timeline():
+    """{scenario: [start, end]}, minutes since the lanes started, printed at the end."""
+    return TIMELINE
+
+
 def pytest_terminal_summary(terminalreporter):
     """Each scenario's step times, and its converge vs no-op re-run (idempotence) ratio, measured in this run."""
     if not STEP_TIMES:
@@ -51,6 +58,9 @@ def pytest_terminal_summary(terminalreporter):
     for name, times in STEP_TIMES.items():
         terminalreporter.write_line(f"{name:18} " + " ".join(f"{times.get(step, 0):11.1f}" for step in steps)
                                     + f" {sum(times.values()):8.1f}")
+    terminalreporter.section("lanes (this run: start -> end, minutes after the first scenario started)")
+    for name, (start, end) in sorted(TIMELINE.items(), key=lambda item: item[1][0]):
+        terminalreporter.write_line(f"{name:18} {start / 60:6.1f} -> {(end or 0) / 60:6.1f}")
     for name, lines in SLOWEST_TESTS.items():
         terminalreporter.section(f"slowest tests of {name}")
         for line in lines:

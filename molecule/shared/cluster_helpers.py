@@ -160,6 +160,19 @@ def order_tests(items, order):
     items.sort(key=rank)
 
 
+def placement(master):
+    """(planned, actual, log) of the running llama-server: {layer: device} from its unit's "# Plan:" line and
+    from llama.cpp's load log ("layer N assigned to device X", logged with --verbose), and that log."""
+    unit = master.file("/etc/systemd/system/llama-server.service").content_string
+    planned = {}
+    for device, first, end in re.findall(r"(\w+)=(\d+)-(\d+)", re.search(r"^# Plan: (.*)$", unit, re.M).group(1)):
+        planned.update({layer: device for layer in range(int(first), int(end))})
+    invocation = master.check_output("systemctl show -p InvocationID --value llama-server.service")
+    log = master.check_output(f"journalctl -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    actual = {int(layer): device for layer, device in re.findall(r"layer +(\d+) assigned to device (\w+)", log)}
+    return planned, actual, log
+
+
 def single_process_completion(master, model, body, port=18181):
     """`body` answered by a llama-server of one process (no RPC) on the master, started for the request on
     `port` with the cluster's model, as the service user."""

@@ -272,3 +272,15 @@ def test_filters_are_registered_and_documented():
         assert doc["DOCUMENTATION"].get("positional", "") == ", ".join(parameters[1:]), name
         assert yaml.safe_load(doc["EXAMPLES"]) if isinstance(doc["EXAMPLES"], str) else doc["EXAMPLES"]
         assert doc["RETURN"]["_value"]["description"]
+
+
+def test_vulkan_names_a_fresh_host_cannot_list_yet_are_provisional():
+    """Before its first Vulkan build a host lists only its CPU: Vulkan<n> stands for a device to be named by
+    llama.cpp once installed (first, as llama.cpp lists GPUs before the CPU); other unknown names still fail."""
+    cpu_only = [{"name": "CPU", "memory_mib": 24105}]
+    selected = llama_select_devices(cpu_only, ["CPU", "Vulkan0"], "w2", "Vulkan")
+    assert selected == [{"name": "Vulkan0", "memory_mib": 24105, "provisional": True}, cpu_only[0]]
+    with pytest.raises(AnsibleFilterError, match="^w2: llama_rpc_devices names CUDA0, but w2 has CPU"):
+        llama_select_devices(cpu_only, ["CUDA0", "Vulkan0"], "w2", "Vulkan")
+    with pytest.raises(AnsibleFilterError, match="^w2: llama_rpc_devices names Vulkan0, but w2 has CPU"):
+        llama_select_devices(cpu_only, ["Vulkan0"], "w2")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
-                             single_process_completion, wait_health)
+                             placement, single_process_completion, wait_health)
 from llama_gguf import read_model_info
 from llama_split import llamacpp_layer_assignment
 
@@ -140,12 +140,6 @@ def test_llama_cpp_compiled_once_per_build_group(master, workers):
 
 def test_llama_cpp_placement_matches_the_plan(master):
     """The layers llama.cpp actually put on each device (its load log) are the printed plan's."""
-    unit = master.file("/etc/systemd/system/llama-server.service").content_string
-    planned = {}
-    for device, first, end in re.findall(r"(\w+)=(\d+)-(\d+)", re.search(r"^# Plan: (.*)$", unit, re.M).group(1)):
-        planned.update({layer: device for layer in range(int(first), int(end))})
-    invocation = master.check_output("systemctl show -p InvocationID --value llama-server.service")
-    log = master.check_output(f"journalctl -o cat _SYSTEMD_INVOCATION_ID={invocation}")
-    actual = {int(layer): device for layer, device in re.findall(r"layer +(\d+) assigned to device (\w+)", log)}
+    planned, actual, _ = placement(master)
     assert actual == planned
     assert len(set(planned.values())) == 2 and sorted(planned) == list(range(len(planned)))

@@ -1,0 +1,164 @@
+"""A mixed cluster: a CPU worker and a Vulkan worker (lavapipe) offering two devices, built as two build groups,
+planned and served as llama.cpp itself names and places the devices."""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, main_pid,
+                             option, placement, run_playbook, single_process_completion, wait_health)
+
+SINGLE_PORT = 18181
+PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
+          "cache_prompt": False}
+
+
+def build_info(host):
+    return json.loads(host.file("/opt/llama.cpp/current/BUILD-INFO.json").content_string)
+
+
+@pytest.fixture(scope="module")
+def server_args(master):
+    return cmdline(master, main_pid(master, "llama-server.service"))
+
+
+def test_two_build_groups_each_compiled_once(master, workers):
+    cpu = [build_info(host) for host in (master, workers["worker1"])]
+    vulkan = build_info(workers["worker2"])
+    assert [info["backend"] for info in cpu] == ["cpu", "cpu"] and cpu[0]["build_id"] == cpu[1]["build_id"]
+    assert vulkan["backend"] == "vulkan" and vulkan["build_id"] != cpu[0]["build_id"]
+    assert "-DGGML_VULKAN=ON" in vulkan["cmake_args"]
+    assert "-DVulkan_INCLUDE_DIR=/opt/vulkan-sdk/include" in vulkan["cmake_args"]
+    ledger = (Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log").read_text().splitlines()
+    for build_id in (cpu[0]["build_id"], vulkan["build_id"]):
+        # Over the whole suite: the CPU build is the cluster scenario's when both run.
+        assert len([line for line in ledger if line.split()[1] == build_id]) == 1, (build_id, ledger)
+    compiled_on = {line.split()[1]: line.split()[4] for line in ledger}
+    assert compiled_on[vulkan["build_id"]] == "worker2"
+
+
+def test_every_binary_finds_its_libraries(master, workers):
+    """ldd on the installed binaries and backends resolves everything, on every host; only the Vulkan build
+    links the Vulkan loader."""
+    for name, host in {"master": master, **workers}.items():
+        out = host.check_output("ldd /opt/llama.cpp/current/bin/* /opt/llama.cpp/current/lib/*.so 2>&1")
+        assert "not found" not in out, f"{name}: {out}"
+        assert ("libvulkan.so.1 =>" in out) == (name == "worker2"), name
+
+
+def test_devices_are_named_as_llama_cpp_names_them(master, workers):
+    """Preflight's plan: worker2's devices as llama.cpp lists them (Vulkan0 is lavapipe's 2048 MiB), two
+    consecutive RPC devices for its two devices, in --rpc order."""
+    listed = workers["worker2"].check_output(
+        "GGML_VK_VISIBLE_DEVICES=0 /opt/llama.cpp/current/bin/llama-server --list-devices")
+    assert re.search(r"^\s+Vulkan0: llvmpipe .*\(2048 MiB,", listed, re.M), listed
+    result = run_playbook("playbooks/preflight.yml", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    table = result.stdout
+    assert re.search(r"RPC0\s+worker1 \(CPU\)", table) or re.search(r"RPC0\s+worker1\s", table), table[-3000:]
+    assert re.search(r"RPC1\s+worker2 \(Vulkan0\)", table), table[-3000:]
+    assert re.search(r"RPC2\s+worker2 \(CPU\)", table), table[-3000:]
+
+
+def test_units_name_the_devices(master, workers, server_args):
+    worker2 = workers["worker2"]
+    unit = worker2.file("/etc/systemd/system/llama-rpc-server.service").content_string
+    assert 'Environment="GGML_VK_VISIBLE_DEVICES=0"' in unit
+    rpc_args = cmdline(worker2, main_pid(worker2, "llama-rpc-server.service"))
+    assert option(rpc_args, "-d") == "Vulkan0,CPU"
+    assert "-d" not in cmdline(workers["worker1"], main_pid(workers["worker1"], "llama-rpc-server.service"))
+    endpoints = [f"{address(workers[name])}:50052" for name in ("worker1", "worker2")]
+    assert option(server_args, "--rpc") == ",".join(endpoints)
+    assert option(server_args, "--device") == "RPC0,RPC1,RPC2"
+    assert option(server_args, "--tensor-split") == "11,10,10"
+    log = worker2.check_output("journalctl -o cat -u llama-rpc-server.service")
+    assert "ggml_vulkan: 0 = llvmpipe" in log
+
+
+def test_llama_cpp_placement_matches_the_plan(master, workers):
+    """The layers llama.cpp put on each device (its load log) are the printed plan's, Vulkan0 included."""
+    planned, actual, log = placement(master)
+    assert actual == planned
+    assert sorted(set(planned.values())) == ["RPC0", "RPC1", "RPC2"]
+    # llama.cpp's own account of its devices: worker2's two (Vulkan0: lavapipe's 2048 MiB, then its CPU) are
+    # RPC1 and RPC2, consecutive, after worker1's RPC0.
+    used = {name: (endpoint, int(free)) for name, endpoint, free in
+            re.findall(r"using device (RPC\d) \(([0-9.]+:\d+)\) \(.*?\) - (\d+) MiB free", log)}
+    worker1, worker2 = (f"{address(workers[name])}:50052" for name in ("worker1", "worker2"))
+    assert [used[name][0] for name in ("RPC0", "RPC1", "RPC2")] == [worker1, worker2, worker2], used
+    assert used["RPC1"][1] <= 2048 < used["RPC2"][1], used
+
+
+def test_distributed_equals_single_process_up_to_near_ties(master, server_args):
+    """The mixed cluster answers as one CPU process does, token for token, except where the two backends'
+    arithmetic (Vulkan dequantizes Q4_1 and multiplies in floating point, the CPU uses Q8_1 dot products) tips
+    a near-tie: at the first token that differs, if any, the cluster's token is among the single process's three
+    best, within 0.5 (log-probability) of its choice. Measured: " Paris.\n\nThe" the same, then " answer"
+    vs " United" (0.36 apart). The answer itself (" Paris.") is the same."""
+    wait_health(master, SERVER_PORT)
+    body = dict(PROMPT, n_probs=10)
+    cluster = http_json(master, SERVER_PORT, "/completion", body)
+    alone = single_process_completion(master, option(server_args, "-m"), body, SINGLE_PORT)
+    assert cluster["tokens_predicted"] == alone["tokens_predicted"] == 12
+    assert cluster["content"].startswith(" Paris.") and alone["content"].startswith(" Paris.")
+    ours, theirs = cluster["completion_probabilities"], alone["completion_probabilities"]
+    differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a["id"] != b["id"]), None)
+    print(f"\ncluster: {cluster['content']!r}\nalone:   {alone['content']!r}\nfirst difference at token {differ}")
+    if differ is not None:
+        top = {entry["id"]: entry["logprob"] for entry in theirs[differ]["top_logprobs"][:3]}
+        gap = top[theirs[differ]["id"]] - top.get(ours[differ]["id"], float("-inf"))
+        print(f"single process: {theirs[differ]['token']!r} vs the cluster's {ours[differ]['token']!r}: {gap:.3f}")
+        assert differ >= 4 and gap <= 0.5, (differ, gap, theirs[differ])
+
+
+def test_vulkan_headers_too_old_are_refused_in_preflight(master, workers):
+    """Without an SDK, Debian 12's libvulkan-dev (1.3.239) cannot build this tree: refused before any change."""
+    result = run_playbook("site.yml", "-e", json.dumps({"llamacpp_vulkan_sdk": ""}), timeout=600)
+    assert_refused_in_preflight(
+        result, r"worker2 builds the Vulkan backend, but the distribution offers libvulkan-dev 1\.3\.239: "
+                r"llama\.cpp's Vulkan backend needs Vulkan headers 1\.3\.261 or later .*llamacpp_vulkan_sdk")
+
+
+def test_a_device_the_worker_does_not_offer_is_refused(master, workers):
+    result = run_playbook("site.yml", "-l", "all", "-e", json.dumps({"llama_rpc_devices": ["Vulkan1"]}),
+                          timeout=600)
+    assert_refused_in_preflight(
+        result, r"worker\d: llama_rpc_devices names Vulkan1, but worker\d offers .*\(llama_devices or discovery: ")
+
+
+def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers):
+    """Every layer on RPC1 (worker2's Vulkan0 through RPC) answers exactly as one llama-server process on
+    worker2's Vulkan0 does: RPC adds nothing to the device's arithmetic."""
+    worker2 = workers["worker2"]
+    model = Path(os.environ["LLAMA_MODEL_SMOLLM2"])
+    copied = subprocess.run(["docker", "cp", "-L", str(model), "molecule-vulkan-worker2:/tmp/model.gguf"],
+                            capture_output=True, text=True)
+    assert copied.returncode == 0, copied.stderr
+    split = json.dumps({"llama_tensor_split": [0, 31, 0]})
+    try:
+        result = run_playbook("site.yml", "--tags", "master,smoke", "-e", split, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:]
+        args = cmdline(master, main_pid(master, "llama-server.service"))
+        assert option(args, "--device") == "RPC1"
+        wait_health(master, SERVER_PORT)
+        cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
+        started = worker2.run(
+            "GGML_VK_VISIBLE_DEVICES=0 timeout 300 /opt/llama.cpp/current/bin/llama-server -m /tmp/model.gguf "
+            f"-c 1024 -ngl 999 --device Vulkan0 --host 127.0.0.1 --port {SINGLE_PORT} > /tmp/single.log 2>&1 &")
+        assert started.rc == 0
+        try:
+            wait_health(worker2, SINGLE_PORT, timeout=300)
+            alone = http_json(worker2, SINGLE_PORT, "/completion", PROMPT)
+        finally:
+            worker2.run(f"pkill -f -- '--port {SINGLE_PORT}'")
+        print(f"\nRPC1 alone: {cluster['content']!r}\none Vulkan process: {alone['content']!r}")
+        assert cluster["tokens_predicted"] == alone["tokens_predicted"] == 12
+        assert cluster["content"] == alone["content"]
+    finally:
+        restored = run_playbook("site.yml", "--tags", "master,smoke", timeout=600)
+        worker2.run("rm -f /tmp/model.gguf")
+    assert restored.returncode == 0, restored.stdout[-3000:]
+    assert option(cmdline(master, main_pid(master, "llama-server.service")), "--device") == "RPC0,RPC1,RPC2"
