@@ -2,8 +2,9 @@
 
 Most of a scenario's time is spent waiting (containers booting, models loading, services restarting, play
 round trips), so the scenarios run in lanes side by side: the scenarios of one lane run in order, the lanes
-at the same time. A scenario that reuses another's llama.cpp build waits for that build (AFTER), so each tree
-is still compiled once per suite. The steps run one by one so that their times are measured: the summary at
+at the same time. The three llama.cpp compilations take both cores each: they run one after another (AFTER),
+each beside the lighter work of the other lanes, and a scenario that reuses another's build waits for it, so
+each tree is still compiled once per suite. The steps run one by one so that their times are measured: the summary at
 the end prints each scenario's steps, its slowest tests, and its converge and no-op re-run (idempotence)
 times and their ratio.
 """
@@ -16,24 +17,25 @@ import time
 
 import pytest
 
-# The lanes, longest first. `cluster` compiles 0c1e570 (CPU), `upgrade` compiles the git-sourced e3a74b2 and
-# `vulkan` the Vulkan backend; the other scenarios build nothing or reuse the suite's artifact cache.
+# The lanes. `cluster` compiles 0c1e570 (CPU) first; `upgrade` compiles the git-sourced e3a74b2 once the
+# light scenarios before it are done, and `vulkan` the Vulkan backend after that; `tls` reuses cluster's build.
 LANES = [
     ["cluster"],
-    ["upgrade", "vulkan"],
-    ["firewall", "network", "chrony_airgapped", "chrony", "tls"],
+    ["firewall", "network", "chrony_airgapped", "chrony", "upgrade"],
+    ["tls", "vulkan"],
 ]
 # Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
 OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
 LANES += [[name] for name in OPTIONAL]
 SCENARIOS = [name for lane in LANES for name in lane]
 STEPS = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify"]
-# (scenario, step) starts once (scenario, step) has ended: the first one reuses the build the second one
-# compiles (0c1e570 on CPU), which is then in the suite's artifact cache.
+# (scenario, step) starts once each (scenario, step) listed has ended: it reuses the build those compile (0c1e570
+# on CPU, by cluster), which is then in the suite's artifact cache, or it compiles and should not share the
+# cores with another compilation.
 AFTER = {
-    ("tls", "converge"): ("cluster", "converge"),
-    ("upgrade", "verify"): ("cluster", "converge"),
-    ("vulkan", "converge"): ("cluster", "converge"),
+    ("tls", "converge"): [("cluster", "converge")],
+    ("upgrade", "converge"): [("cluster", "converge")],
+    ("vulkan", "converge"): [("cluster", "converge"), ("upgrade", "converge")],
 }
 
 
@@ -95,9 +97,9 @@ class Lanes:
         self.timeline[name] = [time.monotonic() - self.epoch, None]
         try:
             for step in STEPS:
-                after = AFTER.get((name, step))
-                if after and after[0] in self.selected:
-                    self.ended[after].wait()
+                for after in AFTER.get((name, step), []):
+                    if after[0] in self.selected:
+                        self.ended[after].wait()
                 if self.stopping.is_set():
                     failure = "the suite was interrupted"
                     break
