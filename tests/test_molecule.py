@@ -11,6 +11,7 @@ times and their ratio.
 
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -73,8 +74,9 @@ class Lanes:
             thread.start()
 
     def molecule(self, *args, timeout):
+        # A session of its own: an interrupt ends molecule and the ansible-playbook it runs, together.
         process = subprocess.Popen(["molecule", *args], cwd=self.project, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         with self.lock:
             self.processes.add(process)
         try:
@@ -133,7 +135,10 @@ class Lanes:
         with self.lock:
             running = list(self.processes)
         for process in running:
-            process.terminate()
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for thread in self.threads:
             thread.join(timeout=900)
 
