@@ -15,6 +15,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 STEP_TIMES = collections.defaultdict(dict)
 SLOWEST_TESTS = {}
 TIMELINE = {}
+CPU = {"host": collections.defaultdict(float), "containers": {}, "load": []}
+FAILURES = {}
 
 
 def pytest_configure(config):
@@ -48,6 +50,31 @@ def timeline():
     return TIMELINE
 
 
+@pytest.fixture(scope="session")
+def cpu():
+    """CPU seconds per scenario on this machine's side (molecule, ansible-playbook, docker) and in its containers,
+    and the machine's busy CPU sampled every 10 s: printed at the end."""
+    return CPU
+
+
+@pytest.fixture(scope="session")
+def failures():
+    """{scenario: the lines of its failed step that say what failed}, repeated at the very end of the log."""
+    return FAILURES
+
+
+def load_table(samples, window=300.0):
+    """Busy share of all cores per `window` seconds, from (seconds, busy, total) samples."""
+    rows, start = [], 0
+    for index, (stamp, busy, total) in enumerate(samples):
+        if stamp - samples[start][0] >= window or index == len(samples) - 1 and index > start:
+            first = samples[start]
+            share = (busy - first[1]) / max(total - first[2], 1e-9)
+            rows.append(f"{first[0] / 60:5.1f} -> {stamp / 60:5.1f} min   busy {100 * share:5.1f} %")
+            start = index
+    return rows
+
+
 def pytest_terminal_summary(terminalreporter):
     """Each scenario's step times, and its converge vs no-op re-run (idempotence) ratio, measured in this run."""
     if not STEP_TIMES:
@@ -61,15 +88,28 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("lanes (this run: start -> end, minutes after the first scenario started)")
     for name, (start, end) in sorted(TIMELINE.items(), key=lambda item: item[1][0]):
         terminalreporter.write_line(f"{name:18} {start / 60:6.1f} -> {(end or 0) / 60:6.1f}")
+    if CPU["containers"]:
+        terminalreporter.section("CPU time per scenario (this run, seconds)")
+        terminalreporter.write_line(f"{'scenario':18} {'this machine':>12} {'containers':>11} {'total':>8}")
+        for name, inside in CPU["containers"].items():
+            host = CPU["host"].get(name, 0.0)
+            terminalreporter.write_line(f"{name:18} {host:12.0f} {inside:11.0f} {host + inside:8.0f}")
+    if len(CPU["load"]) > 1:
+        terminalreporter.section("machine load (this run: busy share of all cores)")
+        for row in load_table(CPU["load"]):
+            terminalreporter.write_line(row)
     for name, lines in SLOWEST_TESTS.items():
         terminalreporter.section(f"slowest tests of {name}")
         for line in lines:
             terminalreporter.write_line(line)
     timed = {name: steps for name, steps in STEP_TIMES.items() if "idempotence" in steps}
-    if not timed:
-        return
-    terminalreporter.section("converge vs no-op re-run (this run)")
+    if timed:
+        terminalreporter.section("converge vs no-op re-run (this run)")
     for name, steps in timed.items():
         converge, rerun = steps["converge"], steps["idempotence"]
         terminalreporter.write_line(f"{name:18} converge {converge:7.1f} s   no-op re-run {rerun:6.1f} s   "
                                     f"ratio {rerun / converge:.3f}")
+    for name, lines in FAILURES.items():
+        terminalreporter.section(f"what failed in {name}")
+        for line in lines:
+            terminalreporter.write_line(line)

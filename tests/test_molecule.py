@@ -2,11 +2,12 @@
 
 Most of a scenario's time is spent waiting (containers booting, models loading, services restarting, play
 round trips), so the scenarios run in lanes side by side: the scenarios of one lane run in order, the lanes
-at the same time. The three llama.cpp compilations take both cores each: they run one after another (AFTER),
-each beside the lighter work of the other lanes, and a scenario that reuses another's build waits for it, so
-each tree is still compiled once per suite. The steps run one by one so that their times are measured: the summary at
-the end prints each scenario's steps, its slowest tests, and its converge and no-op re-run (idempotence)
-times and their ratio.
+at the same time. The suite's length is set by its three llama.cpp compilations, which take both cores each:
+they run one after another (AFTER), on containers of a higher CPU weight, while the other lanes take what they
+leave; a scenario that reuses another's build waits for it, so each tree is still compiled once per suite. The
+steps run one by one so that their times are measured: the summary at the end prints each scenario's steps,
+its slowest tests, its CPU time, the machine's load, its converge and no-op re-run (idempotence) times and
+their ratio, and what failed.
 """
 
 import os
@@ -18,12 +19,17 @@ import time
 
 import pytest
 
-# The lanes. `cluster` compiles 0c1e570 (CPU) first; `upgrade` compiles the git-sourced e3a74b2 once the
-# light scenarios before it are done, and `vulkan` the Vulkan backend after that; `tls` reuses cluster's build.
+# The lanes. The suite's length is its chain of compilations: `cluster` compiles 0c1e570 (CPU), then `upgrade` the
+# git-sourced e3a74b2, then `vulkan` the Vulkan backend (AFTER), each on a container of a higher CPU weight
+# (molecule.yml: cpu_shares); `tls` reuses cluster's build. Each scenario of the chain has a lane of its own, so
+# that its containers are up and its converge starts as soon as the compilation before it ends; the light
+# scenarios take the cores that the chain leaves.
 LANES = [
     ["cluster"],
-    ["firewall", "network", "chrony_airgapped", "chrony", "upgrade"],
-    ["tls", "vulkan"],
+    ["upgrade"],
+    ["vulkan"],
+    ["tls"],
+    ["firewall", "network", "chrony_airgapped", "chrony"],
 ]
 # Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
 OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
@@ -32,8 +38,11 @@ SCENARIOS = [name for lane in LANES for name in lane]
 STEPS = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify"]
 # (scenario, step) starts once each (scenario, step) listed has ended: it reuses the build those compile (0c1e570
 # on CPU, by cluster), which is then in the suite's artifact cache, or it compiles and should not share the
-# cores with another compilation.
+# cores with another compilation. The other scenarios' containers boot after cluster's, the first of the chain.
 AFTER = {
+    ("tls", "create"): [("cluster", "create")],
+    ("upgrade", "create"): [("cluster", "create")],
+    ("vulkan", "create"): [("cluster", "create")],
     ("tls", "converge"): [("cluster", "converge")],
     ("upgrade", "converge"): [("cluster", "converge")],
     ("vulkan", "converge"): [("cluster", "converge"), ("upgrade", "converge")],
@@ -56,8 +65,9 @@ def slowest(output):
 class Lanes:
     """Runs the selected scenarios in their lanes, each in a thread; `result(name)` waits for one."""
 
-    def __init__(self, project, selected, step_times, slowest_tests, timeline):
+    def __init__(self, project, selected, step_times, slowest_tests, timeline, cpu):
         self.project, self.step_times, self.slowest_tests, self.timeline = project, step_times, slowest_tests, timeline
+        self.cpu = cpu
         self.selected = selected
         self.ended = {(name, step): threading.Event() for name in SCENARIOS for step in STEPS}
         self.results = {name: None for name in selected}
@@ -68,14 +78,23 @@ class Lanes:
         self.epoch = time.monotonic()
         self.threads = [threading.Thread(target=self.run_lane, args=([n for n in lane if n in selected],), daemon=True)
                         for lane in LANES]
+        self.sampler = threading.Thread(target=self.sample_load, daemon=True)
+
+    def sample_load(self):
+        """This machine's busy CPU time every 10 s, for the summary's load table."""
+        while not all(event.is_set() for event in self.done.values()):
+            self.cpu["load"].append((time.monotonic() - self.epoch, *machine_cpu()))
+            time.sleep(10)
 
     def start(self):
-        for thread in self.threads:
+        for thread in self.threads + [self.sampler]:
             thread.start()
 
-    def molecule(self, *args, timeout):
-        # A session of its own: an interrupt ends molecule and the ansible-playbook it runs, together.
-        process = subprocess.Popen(["molecule", *args], cwd=self.project, stdout=subprocess.PIPE,
+    def molecule(self, step, name, timeout):
+        # A session of its own: an interrupt ends molecule and the ansible-playbook it runs, together. The shell's
+        # `times` prints the CPU time of everything molecule ran on this machine (ansible-playbook, docker).
+        command = ["bash", "-c", 'molecule "$@"; code=$?; times; exit $code', "molecule", step, "-s", name]
+        process = subprocess.Popen(command, cwd=self.project, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         with self.lock:
             self.processes.add(process)
@@ -87,6 +106,9 @@ class Lanes:
             output += f"\n(killed after {timeout} s)"
         with self.lock:
             self.processes.discard(process)
+        times = re.findall(r"^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$", output, re.M)
+        if times:
+            self.cpu["host"][name] += sum(int(m) * 60 + float(s) for m, s in zip(times[-1][::2], times[-1][1::2]))
         return process.returncode, output
 
     def run_lane(self, lane):
@@ -106,7 +128,7 @@ class Lanes:
                     failure = "the suite was interrupted"
                     break
                 started = time.monotonic()
-                code, output = self.molecule(step, "-s", name, timeout=3600)
+                code, output = self.molecule(step, name, timeout=3600)
                 self.step_times[name][step] = time.monotonic() - started
                 outputs.append(output)
                 if step == "verify":
@@ -118,7 +140,8 @@ class Lanes:
         finally:
             for step in STEPS:  # whoever waits on this scenario goes on (and compiles for itself if it failed)
                 self.ended[(name, step)].set()
-            code, output = self.molecule("destroy", "-s", name, timeout=600)
+            self.cpu["containers"][name] = containers_cpu(name)
+            code, output = self.molecule("destroy", name, timeout=600)
             outputs.append(output)
             if code != 0 and failure is None:
                 failure = f"molecule destroy -s {name} failed (output above)"
@@ -143,13 +166,46 @@ class Lanes:
             thread.join(timeout=900)
 
 
+def failed_lines(output, limit=60):
+    """What a failed step's output says went wrong, for the summary at the end of the log: its failed tests and
+    their assertion lines (pytest), or its failed tasks (ansible-playbook); molecule's frame and colours removed."""
+    lines = [re.sub(r"^\s*│ ?", "", re.sub(r"\x1b\[[0-9;]*m", "", raw)).rstrip() for raw in output.splitlines()]
+    wanted = [line for line in lines if re.match(r"^(FAILED |ERROR |E  |fatal: |failed: |\S+\.py:\d+: )", line)]
+    return wanted[-limit:] or lines[-limit:]
+
+
+def machine_cpu():
+    """(busy, total) CPU seconds of this machine since boot, all cores (/proc/stat)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - fields[3] - fields[4]) / hz, sum(fields) / hz
+
+
+def containers_cpu(name):
+    """CPU seconds used by the scenario's containers so far (their cgroups, v1 or v2), systemd and services included."""
+    ids = subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label=scenario={name}"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    seconds = 0.0
+    for ident in ids:
+        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{ident}/cpuacct.usage", 1e9),
+                            (f"/sys/fs/cgroup/cpu,cpuacct/docker/{ident}/cpuacct.usage", 1e9),
+                            (f"/sys/fs/cgroup/system.slice/docker-{ident}.scope/cpu.stat", 1e6)):
+            if os.path.exists(path):
+                with open(path, encoding="ascii") as usage:
+                    text = usage.read()
+                seconds += int(re.search(r"(?:usage_usec )?(\d+)", text).group(1)) / scale
+                break
+    return seconds
+
+
 @pytest.fixture(scope="session")
-def lanes(request, project, step_times, slowest_tests, timeline):
+def lanes(request, project, step_times, slowest_tests, timeline, cpu):
     if not os.environ.get("LLAMA_TEST_IMAGE"):
         pytest.fail("LLAMA_TEST_IMAGE is not set: run through `make test` (it builds the image and fixtures)")
     selected = {item.callspec.params["scenario"] for item in request.session.items
                 if item.originalname == "test_scenario" and hasattr(item, "callspec")} - set(skipped_optional())
-    runner = Lanes(project, selected, step_times, slowest_tests, timeline)
+    runner = Lanes(project, selected, step_times, slowest_tests, timeline, cpu)
     runner.start()
     yield runner
     if not all(event.is_set() for event in runner.done.values()):
@@ -162,7 +218,7 @@ def skipped_optional():
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario(scenario, request):
+def test_scenario(scenario, request, failures):
     if scenario in skipped_optional():
         pytest.skip(OPTIONAL[scenario])
     lanes = request.getfixturevalue("lanes")
@@ -172,4 +228,6 @@ def test_scenario(scenario, request):
         lanes.stop()
         raise
     print(output)  # shown by pytest when the scenario fails
+    if failure is not None:
+        failures[scenario] = failed_lines(output)
     assert failure is None, failure

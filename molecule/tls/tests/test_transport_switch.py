@@ -19,13 +19,13 @@ def converge(*args):
 
 @pytest.fixture(scope="module")
 def figures(master, workers):
-    found = {"tls": measure_serving(master), "tls_output": cluster_completion(master)["content"]}
+    found = {"tls": measure_serving(master, runs=3), "tls_output": cluster_completion(master)["content"]}
     converge("-e", "llama_rpc_transport=plain")
     found["plain_args"] = server_args(master)
     found["plain_units"] = {name: host.service("llama-rpc-tls.service").is_running for name, host in workers.items()}
     found["plain_listeners"] = {name: host.check_output(f"ss -Hltn sport = :{RPC_PORT}").split()[3]
                                 for name, host in workers.items()}
-    found["plain"] = measure_serving(master)
+    found["plain"] = measure_serving(master, runs=3)
     found["plain_output"] = cluster_completion(master)["content"]
     converge()
     found["back_args"] = server_args(master)

@@ -76,7 +76,7 @@ def test_the_recorded_no_mmap_flag_serves_on_this_tree():
     """This tree knows --no-mmap and not --load-mode: the flag BUILD-INFO records (the one the llama-server
     unit gets for a model on a network filesystem) serves the real model; the newer flag is refused."""
     node = testinfra.get_host("docker://molecule-upgrade-node")
-    server = f"/opt/llama.cpp/current/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
+    server = "/opt/llama.cpp/current/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
     refused = node.run(f"timeout 30 {server} --port 18300 --load-mode none")
     assert refused.rc != 0 and "--load-mode" in refused.stdout + refused.stderr
     flags = " ".join(build_info(node)["no_mmap_args"])

@@ -32,7 +32,7 @@ with open(sys.argv[1], "w", buffering=1) as log:
             time.sleep(0.2)
             continue
         try:
-            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=10).read()
+            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=30).read()
             log.write(f"{time.monotonic():.2f} ok\\n")
         except Exception:
             log.write(f"{time.monotonic():.2f} error\\n")
@@ -229,7 +229,7 @@ def test_the_cluster_heals_itself(builder, node):
         master_pid, since = main_pid(builder, "llama-server.service"), time.monotonic()
         node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
         while builder.check_output("systemctl show -p MainPID --value llama-server.service") in ("0", str(master_pid)):
-            assert time.monotonic() - since < 30, "llama-server-watch did not restart llama-server"
+            assert time.monotonic() - since < 60, "llama-server-watch did not restart llama-server within 60 s"
             time.sleep(0.2)
         restarted = time.monotonic() - since
         wait_health(builder, 8080)
