@@ -177,7 +177,7 @@ def single_process_completion(master, model, body, port=18181):
     """`body` answered by a llama-server of one process (no RPC) on the master, started for the request on
     `port` with the cluster's model, as the service user."""
     started = master.run(
-        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 "
+        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 -t 1 "
         f"--host 127.0.0.1 --port {port} --load-mode none > /tmp/single.log 2>&1 & echo $!")
     assert started.rc == 0
     try:

@@ -4,8 +4,8 @@ the key shows nowhere, and both units are sandboxed."""
 import re
 
 import pytest
-from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, connect, http, http_json, main_pid,
-                             run_playbook, wait_health)
+from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, connect, http, http_json,
+                             main_pid, option, recap, run_playbook, wait_health)
 
 # Every endpoint family llama-server has, by method; only /health (and its /v1 alias) is public.
 PROTECTED = [("GET", "/v1/models"), ("GET", "/models"), ("GET", "/props"), ("GET", "/metrics"), ("GET", "/slots"),
@@ -71,17 +71,32 @@ def test_the_key_shows_nowhere_on_the_master(master):
     assert (key_file.user, key_file.group, key_file.mode) == ("root", "llama", 0o640)
 
 
-def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master):
-    """Rotating the key (what a vault edit does) restarts llama-server once; neither key is printed, even with
-    --diff -v."""
+def pids(master, workers):
+    return {"master": main_pid(master, "llama-server.service"),
+            **{name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()}}
+
+
+def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master, workers):
+    """Rotating the key (what a vault edit does), with another master-only setting, applied with --tags
+    master,smoke: llama-server restarts once, onto both, and nothing else restarts; neither key is printed, even
+    with --diff -v."""
     new_key = "rotated-key-3e8a51"
+    before = pids(master, workers)
     try:
-        result = run_playbook("site.yml", "--tags", "master,smoke", "--diff", "-v", "-e", f"llama_api_key={new_key}")
+        result = run_playbook("site.yml", "--tags", "master,smoke", "--diff", "-v", "-e", f"llama_api_key={new_key}",
+                              "-e", "llama_server_alias=tagged-run")
         output = result.stdout + result.stderr
         assert result.returncode == 0, output[-3000:]
         assert new_key not in output and API_KEY not in output
+        stats = recap(output)
+        assert stats["master"]["changed"] >= 1 and all(stats[name]["changed"] == 0 for name in WORKERS)
+        assert output.count("RUNNING HANDLER [llama_server : Restart llama-server]") == 1
         assert http(master, SERVER_PORT, "/v1/models", key=API_KEY)[0] == 401
         assert http(master, SERVER_PORT, "/v1/models", key=new_key)[0] == 200
+        after = pids(master, workers)
+        assert after["master"] != before["master"]
+        assert all(after[name] == before[name] for name in WORKERS)
+        assert option(cmdline(master, after["master"]), "--alias") == "tagged-run"
     finally:
         result = run_playbook("site.yml", "--tags", "master,smoke", "--diff", "-v")
         output = result.stdout + result.stderr
@@ -89,6 +104,7 @@ def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master):
         assert new_key not in output and API_KEY not in output
     wait_health(master, SERVER_PORT, timeout=60)
     assert http(master, SERVER_PORT, "/v1/models")[0] == 200
+    assert "--alias" not in cmdline(master, main_pid(master, "llama-server.service"))
 
 
 def exposure(host, unit):

@@ -277,7 +277,7 @@ def test_a_worker_only_change_reconnects_the_master(builder, node):
     """A setting that restarts only the RPC server: llama-server's connection to it died with it, so the master is
     restarted after it, once, and the smoke request passes."""
     workers_before, master_before = main_pid(node, "llama-rpc-server.service"), main_pid(builder, "llama-server.service")
-    result = run_playbook("site.yml", "-e", "llama_rpc_threads=1")
+    result = run_playbook("site.yml", "-e", "llama_rpc_threads=2")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "restarting llama-server for the restarted RPC server(s) of node" in output

@@ -147,7 +147,7 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
         cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
         started = worker2.run(
             "GGML_VK_VISIBLE_DEVICES=0 timeout 300 /opt/llama.cpp/current/bin/llama-server -m /tmp/model.gguf "
-            f"-c 1024 -ngl 999 --device Vulkan0 --host 127.0.0.1 --port {SINGLE_PORT} > /tmp/single.log 2>&1 &")
+            f"-c 1024 -t 1 -ngl 999 --device Vulkan0 --host 127.0.0.1 --port {SINGLE_PORT} > /tmp/single.log 2>&1 &")
         assert started.rc == 0
         try:
             wait_health(worker2, SINGLE_PORT, timeout=300)
