@@ -41,6 +41,12 @@ def main_pid(host, unit):
     return int(pid)
 
 
+def service_pids(master, workers):
+    """{"master": llama-server's main PID, worker name: its RPC server's main PID}."""
+    return {"master": main_pid(master, "llama-server.service"),
+            **{name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()}}
+
+
 def cmdline(host, pid):
     return host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 

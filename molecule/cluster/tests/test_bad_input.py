@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from cluster_helpers import assert_refused_in_preflight, RPC_PORT, SERVER_PORT, WORKERS, address, main_pid, run_playbook, wait_health
+from cluster_helpers import assert_refused_in_preflight, RPC_PORT, SERVER_PORT, WORKERS, address, run_playbook, service_pids, wait_health
 
 # (extra vars, the failing host's message: the whole `msg`, from its start, matched as a regex)
 CASES = {
@@ -62,18 +62,14 @@ SPEC_CASES = {
 
 @pytest.fixture(scope="module")
 def before(master, workers):
-    pids = {"master": main_pid(master, "llama-server.service")}
-    pids.update({name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()})
-    return pids
+    return service_pids(master, workers)
 
 
 def assert_refused_before_any_change(result, message, before, master, workers):
     # It stopped in the facts or preflight plays: no later play started, no host changed.
     assert_refused_in_preflight(result, message)
     # The running cluster is untouched: same processes, still serving.
-    assert main_pid(master, "llama-server.service") == before["master"]
-    for name in WORKERS:
-        assert main_pid(workers[name], "llama-rpc-server.service") == before[name]
+    assert service_pids(master, workers) == before
     wait_health(master, SERVER_PORT, timeout=10)
 
 

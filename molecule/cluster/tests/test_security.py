@@ -5,7 +5,7 @@ import re
 
 import pytest
 from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, connect, http, http_json,
-                             main_pid, option, recap, run_playbook, wait_health)
+                             main_pid, option, recap, run_playbook, service_pids, wait_health)
 
 # Every endpoint family llama-server has, by method; only /health (and its /v1 alias) is public.
 PROTECTED = [("GET", "/v1/models"), ("GET", "/models"), ("GET", "/props"), ("GET", "/metrics"), ("GET", "/slots"),
@@ -71,17 +71,12 @@ def test_the_key_shows_nowhere_on_the_master(master):
     assert (key_file.user, key_file.group, key_file.mode) == ("root", "llama", 0o640)
 
 
-def pids(master, workers):
-    return {"master": main_pid(master, "llama-server.service"),
-            **{name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()}}
-
-
 def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master, workers):
     """Rotating the key (what a vault edit does), with another master-only setting, applied with --tags
     master,smoke: llama-server restarts once, onto both, and nothing else restarts; neither key is printed, even
     with --diff -v."""
     new_key = "rotated-key-3e8a51"
-    before = pids(master, workers)
+    before = service_pids(master, workers)
     try:
         result = run_playbook("site.yml", "--tags", "master,smoke", "--diff", "-v", "-e", f"llama_api_key={new_key}",
                               "-e", "llama_server_alias=tagged-run")
@@ -93,7 +88,7 @@ def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master, w
         assert output.count("RUNNING HANDLER [llama_server : Restart llama-server]") == 1
         assert http(master, SERVER_PORT, "/v1/models", key=API_KEY)[0] == 401
         assert http(master, SERVER_PORT, "/v1/models", key=new_key)[0] == 200
-        after = pids(master, workers)
+        after = service_pids(master, workers)
         assert after["master"] != before["master"]
         assert all(after[name] == before[name] for name in WORKERS)
         assert option(cmdline(master, after["master"]), "--alias") == "tagged-run"

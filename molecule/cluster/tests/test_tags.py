@@ -3,7 +3,7 @@
 A master-only change applied with tags restarts only llama-server: test_security.py (the key rotation)."""
 
 import pytest
-from cluster_helpers import main_pid, plays, recap, run_playbook
+from cluster_helpers import plays, recap, run_playbook, service_pids
 
 PLAYS = {
     "timesync": "Synchronise the cluster's clocks",
@@ -33,18 +33,13 @@ def tasks_run(output):
     return {play: [task for task in tasks if VALIDATION not in task] for play, tasks in plays(output).items()}
 
 
-def pids(master, workers):
-    return {"master": main_pid(master, "llama-server.service"),
-            **{name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()}}
-
-
 def test_every_tag_is_run():
     assert sorted(tag for run in RUNS for tag in run) == sorted(PLAYS)
 
 
 @pytest.mark.parametrize("tags", RUNS, ids=",".join)
 def test_tags_run_the_checks_and_only_their_parts(tags, master, workers):
-    before = pids(master, workers)
+    before = service_pids(master, workers)
     output = run_tags(",".join(tags))
     tasks = tasks_run(output)
     for play in ALWAYS:
@@ -57,7 +52,7 @@ def test_tags_run_the_checks_and_only_their_parts(tags, master, workers):
         else:
             assert not tasks[play], f"--tags {','.join(tags)} ran tasks of '{play}': {tasks[play]}"
     assert all(host["changed"] == 0 for host in recap(output).values()), output[-3000:]
-    assert pids(master, workers) == before
+    assert service_pids(master, workers) == before
 
 
 def test_role_tags_work_too(master):
