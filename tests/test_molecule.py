@@ -65,12 +65,16 @@ def lower_priority(pid):
         pass
 
 
+def plain_lines(output):
+    """A molecule step's output as lines, molecule's frame ("│ ") and colours removed."""
+    return [re.sub(r"^\s*│ ?", "", re.sub(r"\x1b\[[0-9;]*m", "", raw)) for raw in output.splitlines()]
+
+
 def slowest(output):
-    """The `--durations` lines of a verify step's pytest run: molecule's frame and colours removed, the lines it
-    wrapped (continued with a deeper indent) joined again."""
+    """The `--durations` lines of a verify step's pytest run, the lines molecule wrapped (continued with a deeper
+    indent) joined again."""
     lines = []
-    for raw in output.splitlines():
-        line = re.sub(r"^\s*│ ?", "", re.sub(r"\x1b\[[0-9;]*m", "", raw))
+    for line in plain_lines(output):
         if line.startswith("  ") and lines:
             lines[-1] += line.lstrip()
         else:
@@ -189,8 +193,8 @@ class Lanes:
 
 def failed_lines(output, limit=60):
     """What a failed step's output says went wrong, for the summary at the end of the log: its failed tests and
-    their assertion lines (pytest), or its failed tasks (ansible-playbook); molecule's frame and colours removed."""
-    lines = [re.sub(r"^\s*│ ?", "", re.sub(r"\x1b\[[0-9;]*m", "", raw)).rstrip() for raw in output.splitlines()]
+    their assertion lines (pytest), or its failed tasks (ansible-playbook)."""
+    lines = [line.rstrip() for line in plain_lines(output)]
     wanted = [line for line in lines if re.match(r"^(FAILED |ERROR |E  |fatal: |failed: |\S+\.py:\d+: )", line)]
     return wanted[-limit:] or lines[-limit:]
 
