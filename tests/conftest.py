@@ -20,11 +20,14 @@ FAILURES = {}
 
 
 def pytest_configure(config):
-    cache = PROJECT / ".cache" / "suite-artifacts"
-    if not hasattr(config, "workerinput"):
-        shutil.rmtree(cache, ignore_errors=True)
-        cache.mkdir(parents=True)
-    os.environ.setdefault("LLAMA_ARTIFACT_CACHE", str(cache))
+    # The suite's artifacts and compiler cache start empty: every tree it needs is compiled once per run.
+    caches = {"LLAMA_ARTIFACT_CACHE": PROJECT / ".cache" / "suite-artifacts",
+              "LLAMA_CCACHE": PROJECT / ".cache" / "suite-ccache"}
+    for variable, cache in caches.items():
+        if not hasattr(config, "workerinput"):
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir(parents=True)
+        os.environ.setdefault(variable, str(cache))
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,24 @@ def test_two_build_groups_each_compiled_once(master, workers):
     assert compiled_on[vulkan["build_id"]] == "worker2"
 
 
+def test_the_vulkan_build_reuses_what_the_cpu_build_compiled():
+    """The compiler cache (llamacpp_ccache_dir, shared with the cluster scenario's builder): after the CPU build
+    of this commit, the Vulkan build compiles only the Vulkan backend (and its 155 shaders) and what -DGGML_USE_VULKAN
+    changes: libllama, common and the server differ from the CPU build only by that definition, which none of
+    their sources reads, so the cache answers them."""
+    ledger = (Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log").read_text().splitlines()
+    commit = os.environ["LLAMA_SRC_0_3_36_COMMIT"][:12]
+    counts = {line.split()[1].split("-")[2]: re.search(r"ccache answered (\d+) of (\d+) compilations", line)
+              for line in ledger if line.split()[1].startswith(f"llama.cpp-{commit}-")}
+    if "cpu" not in counts or not counts["cpu"]:
+        pytest.skip("the CPU build of this commit was not compiled through the cache in this run (cached artifact)")
+    assert counts.get("vulkan"), ledger
+    _, cpu_total = map(int, counts["cpu"].groups())
+    hits, total = map(int, counts["vulkan"].groups())
+    print(f"\nccache: the CPU build compiled {cpu_total}; the Vulkan build {total}, of which {hits} from the cache")
+    assert hits >= 0.9 * cpu_total, ledger
+
+
 def test_every_binary_finds_its_libraries(master, workers):
     """ldd on the installed binaries and backends resolves everything, on every host; only the Vulkan build
     links the Vulkan loader."""

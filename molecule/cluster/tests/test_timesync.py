@@ -1,9 +1,10 @@
-"""playbooks/timesync.yml, air-gapped: the master is the workers' only time source."""
+"""playbooks/timesync.yml on the air-gapped cluster (llama_time_airgapped): the master is the workers' only time
+source (molecule/chrony: the role with a time server of its own)."""
 
 import pytest
 from chrony_checks import RUNNER, address_of, directives, wait_for_source
 
-testinfra_hosts = RUNNER.get_hosts("all")
+testinfra_hosts = RUNNER.get_hosts("llama_master") + RUNNER.get_hosts("llama_workers")
 DROPIN = "/etc/systemd/system/chrony.service.d/no-clock-control.conf"
 DIRECTIVES = ("server", "pool", "allow", "local")
 
