@@ -1,5 +1,5 @@
-"""Tags are an interface: `site.yml --tags X` runs the facts and every check, then only part X. Two tags at a time
-(`--tags X,Y`: parts X and Y, no other), so that each tag is run once and each run has parts it must leave out.
+"""Tags are an interface: `site.yml --tags X` runs the facts and every check, then only part X. Several tags at a
+time (`--tags X,Y`: parts X and Y, no other), so that each tag is run once and each run has parts it must leave out.
 A master-only change applied with tags restarts only llama-server: test_security.py (the key rotation)."""
 
 import pytest
@@ -14,8 +14,8 @@ PLAYS = {
     "master": "Run llama-server on the master over the workers",
     "smoke": "Smoke test - a completion served through the cluster",
 }
-# Each tag once, two per run (the full run of each part is the converge; these runs only select).
-RUNS = [("timesync", "models"), ("build", "firewall"), ("workers", "smoke"), ("master",)]
+# Each tag once, in three runs (the full run of each part is the converge; these runs only select).
+RUNS = [("timesync", "models"), ("build", "firewall"), ("workers", "master", "smoke")]
 ALWAYS = ("Preflight - inventory groups", "Variables", "Facts", "Preflight - cluster hosts")
 # Ansible validates a role's argument_specs whenever the role is listed, whatever the tags (controller-side).
 VALIDATION = "Validating arguments against arg spec"
