@@ -29,7 +29,7 @@ LANES = [
     ["upgrade"],
     ["vulkan"],
     ["tls"],
-    ["firewall", "network", "chrony"],
+    ["firewall", "chrony"],
 ]
 # Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
 OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
