@@ -12,7 +12,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cluster_helpers import address, connect, plays, recap, run_playbook
+from cluster_helpers import address, plays, recap, run_playbook
 from conftest import WORKERS
 
 PORT = 5201
@@ -51,8 +51,9 @@ def accepted(host, master):
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    return {name: connect(name) for name in ("master", *WORKERS)}
+def hosts(master, workers):
+    """The master and the workers (conftest's fixtures), by name."""
+    return {"master": master, **workers}
 
 
 @pytest.fixture(scope="module")
