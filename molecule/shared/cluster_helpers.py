@@ -159,6 +159,14 @@ def assert_check_changes_nothing(hosts=("master", "worker1", "worker2")):
     assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), output[-4000:]
 
 
+def journal_tail(host, units, lines=40):
+    """The last `lines` of `units`' journal on `host`, without llama.cpp's debug lines (--verbose): for a failure's
+    message, so that the log says why a service stopped serving."""
+    selected = " ".join(f"-u {unit}" for unit in units)
+    return host.run(f"journalctl --no-pager -o short-precise {selected} | grep -v -E '^[^:]+:[^:]+:[^:]+: [0-9.]+ D '"
+                    f" | tail -n {lines}").stdout
+
+
 def order_tests(items, order):
     """Sort collected tests by their file's place in `order` (files not named run last)."""
     def rank(item):

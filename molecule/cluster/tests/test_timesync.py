@@ -35,7 +35,7 @@ def test_chronyd_runs_without_clock_control(host):
 
 
 def test_worker_follows_the_master(host):
-    """The master is reachable and selected (*) or combined (+) within 70 s (one 64 s poll after iburst)."""
+    """The master is reachable and selected (*) or combined (+) (chrony_checks.wait_for_source: within 200 s)."""
     if is_master(host):
         pytest.skip("workers only")
     wait_for_source(host, address_of("master"))

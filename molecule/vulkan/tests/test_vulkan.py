@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, main_pid,
-                             option, placement, run_playbook, single_process_completion, wait_health)
+from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, journal_tail,
+                             main_pid, option, placement, run_playbook, single_process_completion, wait_health)
 
 SINGLE_PORT = 18181
 PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
@@ -178,5 +178,10 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
     finally:
         restored = run_playbook("site.yml", "--tags", "master,smoke", timeout=600)
         worker2.run("rm -f /tmp/model.gguf")
-    assert restored.returncode == 0, restored.stdout[-3000:]
+    # Seen once, under the suite's full load: the restoring run's smoke request found the restarted llama-server
+    # closing the connection without an answer. The journals say why, should it happen again.
+    assert restored.returncode == 0, "\n".join([
+        restored.stdout[-3000:],
+        "master:", journal_tail(master, ["llama-server.service", "llama-server-watch.service"]),
+        "worker2:", journal_tail(worker2, ["llama-rpc-server.service"])])
     assert option(cmdline(master, main_pid(master, "llama-server.service")), "--device") == "RPC0,RPC1,RPC2"
