@@ -11,7 +11,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv docker image fixtures lint unit docs molecule test test-cuda demo demo-down clean
+.PHONY: help venv docker ssh image fixtures lint unit docs molecule test test-cuda demo demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,7 +26,11 @@ venv: $(VENV)/.installed  ## the pinned Python toolchain in .venv
 docker:  ## a Docker engine that answers (installs docker.io and starts dockerd if needed)
 	tools/ensure-docker.sh
 
-image: docker  ## the Debian 12 systemd base image (built once per machine)
+ssh:  ## the SSH client the scenarios reach their containers with (installed from the distribution if missing)
+	command -v ssh >/dev/null 2>&1 && command -v ssh-keygen >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client >/dev/null; }
+
+image: docker ssh  ## the Debian 12 systemd base image (built once per machine)
 	@mkdir -p .cache
 	tools/base-image.sh > .cache/base-image
 

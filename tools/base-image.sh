@@ -6,8 +6,10 @@
 # The image is keyed on this script's content: a change to the script builds a new image, an
 # unchanged script reuses the one already present. Prints the image reference on stdout.
 #
-# Minimal on purpose: systemd, python3 and iproute2 (Ansible itself and its network facts) and procps
-# (testinfra's process checks).
+# Minimal on purpose: systemd, python3 and iproute2 (Ansible itself and its network facts), procps
+# (testinfra's process checks) and openssh-server: the scenarios reach their hosts over SSH, as an operator's
+# controller does (it also costs a fifth of the CPU of `docker exec` per command here). Host keys are made at
+# each container's first boot, so no two containers share them.
 # Everything else a role needs, the role installs. One addition for speed: base-image/llama_test_pyzip_cache.py,
 # which caches the code Python compiles for Ansible's zipped modules (see that file); nothing else differs from
 # a Debian host.
@@ -17,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache_dir=${LLAMA_CACHE_DIR:-/var/cache/llamacpp-rpc-cluster}
 suite=bookworm
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-packages=systemd,systemd-sysv,python3,iproute2,procps,ca-certificates
+packages=systemd,systemd-sysv,python3,iproute2,procps,ca-certificates,openssh-server
 repo=llamacpp-rpc/debian12-systemd
 
 key=$(cat "$0" "$here/base-image/llama_test_pyzip_cache.py" | sha256sum | cut -c1-12)
@@ -57,6 +59,22 @@ SOURCES
     ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
   done
   : >"$rootfs/etc/machine-id"
+  # SSH: host keys of its own for each container (made before sshd starts), and room for the sessions that
+  # Ansible and testinfra open at once over one multiplexed connection (sshd's default is 10).
+  rm -f "$rootfs"/etc/ssh/ssh_host_*
+  cat >"$rootfs/etc/systemd/system/ssh-host-keys.service" <<'UNIT'
+[Unit]
+Description=Make this host's SSH host keys
+Before=ssh.service
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+UNIT
+  mkdir -p "$rootfs/etc/systemd/system/ssh.service.wants"
+  ln -sf ../ssh-host-keys.service "$rootfs/etc/systemd/system/ssh.service.wants/ssh-host-keys.service"
+  echo "MaxSessions 64" >"$rootfs/etc/ssh/sshd_config.d/llama-test.conf"
   install -m 0644 "$here/base-image/llama_test_pyzip_cache.py" "$rootfs/usr/lib/python3/dist-packages/"
   echo "import llama_test_pyzip_cache" >"$rootfs/usr/lib/python3/dist-packages/llama-test-pyzip-cache.pth"
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb

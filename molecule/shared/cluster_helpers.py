@@ -1,4 +1,4 @@
-"""Helpers of the cluster scenarios' tests: the containers (docker backend), requests, ansible-playbook runs."""
+"""Helpers of the cluster scenarios' tests: the containers (over SSH), requests, ansible-playbook runs."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 from shlex import quote
 
 import pytest
-import testinfra
+import testinfra.utils.ansible_runner
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "cluster")
@@ -27,7 +27,8 @@ def container(name):
 
 
 def connect(name):
-    return testinfra.get_host(f"docker://{container(name)}")
+    """The host `name` as the scenario's inventory reaches it: over SSH, on a multiplexed connection."""
+    return testinfra.utils.ansible_runner.AnsibleRunner.get_runner(os.environ["MOLECULE_INVENTORY_FILE"]).get_host(name)
 
 
 def address(host):

@@ -4,7 +4,7 @@ units, rules, files and user there and leaves everything else, there and on the 
 import re
 
 import pytest
-from cluster_helpers import recap, run_playbook
+from cluster_helpers import RPC_PORT, recap, run_playbook
 from conftest import LISTENER, start_listener
 
 DECOMMISSION = "playbooks/decommission.yml"
@@ -71,7 +71,13 @@ def test_it_removes_the_project(name, decommissioned, workers):
     if name == "worker_fwd":  # no rich rule but the project's was there
         assert host.check_output("firewall-cmd --list-rich-rules; firewall-cmd --permanent --list-rich-rules") == ""
     else:
-        assert "llama.cpp cluster" not in host.check_output("ufw status")
+        # The cluster's rules are gone. The SSH admission the role added when it turned ufw on stays, as ufw stays
+        # on: removing it would lock Ansible and the operator out.
+        rules = host.check_output("ufw status")
+        assert not re.search(rf"^{RPC_PORT}/tcp ", rules, re.M), rules
+        ssh = r"22/tcp( \(v6\))? +ALLOW +Anywhere( \(v6\))? +# llama.cpp cluster: SSH"
+        ours = [line for line in rules.splitlines() if "llama.cpp cluster" in line]
+        assert ours and all(re.match(ssh, line) for line in ours), rules
 
 
 def test_it_leaves_everything_else(decommissioned, workers, master):

@@ -27,9 +27,15 @@ def rebooted(workers):
                    capture_output=True, timeout=300)
     for host in workers.values():
         deadline = time.monotonic() + 90
-        # Until systemd answers on its bus (right after the start, `systemctl` cannot connect yet).
-        while (state := host.run("systemctl is-system-running --wait").stdout.strip()) not in ("running", "degraded"):
+        # Until its SSH server answers (testinfra raises on ssh's own failures), and systemd answers on its bus (right
+        # after the start, `systemctl` cannot connect yet).
+        state = None
+        while state not in ("running", "degraded"):
             assert time.monotonic() < deadline, f"{host.backend.name}: systemd is {state!r} 90 s after the restart"
+            try:
+                state = host.run("systemctl is-system-running --wait").stdout.strip()
+            except RuntimeError as error:
+                state = f"unreachable ({error})"
             time.sleep(1)
     return workers
 
