@@ -7,12 +7,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-import testinfra
+from cluster_helpers import connect
 
 COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NODES = ("builder", "node")
 # Wait for /health (up to 300 s: the suite's lanes load the machine), then ask (python3 in the container: no
-# docker exec per poll).
+# connection per poll).
 ASK = """
 import json, sys, time, urllib.request
 deadline = time.monotonic() + 300
@@ -31,7 +31,7 @@ print(urllib.request.urlopen("http://127.0.0.1:18301/completion", body, timeout=
 
 @pytest.fixture(scope="module", params=NODES)
 def node(request):
-    return testinfra.get_host(f"docker://molecule-upgrade-{request.param}")
+    return connect(request.param)
 
 
 def build_info(host):
@@ -69,7 +69,7 @@ def test_only_the_builder_has_a_toolchain(node):
 
 
 def test_compiled_once_for_both_nodes():
-    ids = {build_info(testinfra.get_host(f"docker://molecule-upgrade-{name}"))["build_id"] for name in NODES}
+    ids = {build_info(connect(name))["build_id"] for name in NODES}
     assert len(ids) == 1
     ledger = Path(os.environ["LLAMA_ARTIFACT_CACHE"]) / "builds.log"
     compiled = [line for line in ledger.read_text().splitlines() if line.split()[1] in ids]
@@ -79,7 +79,7 @@ def test_compiled_once_for_both_nodes():
 def test_the_recorded_no_mmap_flag_serves_on_this_tree():
     """This tree knows --no-mmap and not --load-mode: the flag BUILD-INFO records (the one the llama-server
     unit gets for a model on a network filesystem) serves the real model; the newer flag is refused."""
-    node = testinfra.get_host("docker://molecule-upgrade-node")
+    node = connect("node")
     server = "/opt/llama.cpp/current/bin/llama-server -m /srv/models/smollm2.gguf -c 512 --host 127.0.0.1"
     refused = node.run(f"timeout 30 {server} --port 18300 --load-mode none")
     assert refused.rc != 0 and "--load-mode" in refused.stdout + refused.stderr
@@ -96,6 +96,6 @@ def test_the_recorded_no_mmap_flag_serves_on_this_tree():
 @pytest.mark.parametrize("name, unit", [("builder", "llama-server.service"), ("node", "llama-rpc-server.service")])
 def test_a_first_deploy_starts_each_service_once(name, unit):
     """Converge (a first deploy) and its no-op re-run: each service started once, the model loaded once."""
-    host = testinfra.get_host(f"docker://molecule-upgrade-{name}")
+    host = connect(name)
     starts = host.check_output(f"journalctl -u {unit} -o cat --no-pager | grep -c '^Started {unit}' || true")
     assert starts == "1"
