@@ -6,7 +6,9 @@ import time
 import pytest
 import testinfra.utils.ansible_runner
 
-RUNNER = testinfra.utils.ansible_runner.AnsibleRunner(os.environ["MOLECULE_INVENTORY_FILE"])
+# testinfra's shared runner of the scenario's inventory (the one cluster_helpers.connect and the ansible:// hosts
+# use): the inventory is read once per test session.
+RUNNER = testinfra.utils.ansible_runner.AnsibleRunner.get_runner(os.environ["MOLECULE_INVENTORY_FILE"])
 CONFIG = "/etc/chrony/chrony.conf"
 
 
