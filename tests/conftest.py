@@ -7,11 +7,14 @@ emptied at the start of the next run, so the cluster scenario's compile count is
 import collections
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
+# The molecule scenarios' shared helpers (cgroup_cpu: the containers' CPU time, read by the suite's summary too).
+sys.path.insert(0, str(PROJECT / "molecule" / "shared"))
 STEP_TIMES = collections.defaultdict(dict)
 SLOWEST_TESTS = {}
 TIMELINE = {}
@@ -43,7 +46,8 @@ def step_times():
 
 @pytest.fixture(scope="session")
 def slowest_tests():
-    """{scenario: the slowest tests of its verify step (pytest --durations lines)}, printed at the end."""
+    """{scenario: the slowest tests of its verify step (pytest --durations lines) and its heaviest by CPU}, printed
+    at the end."""
     return SLOWEST_TESTS
 
 
@@ -102,7 +106,7 @@ def pytest_terminal_summary(terminalreporter):
         for row in load_table(CPU["load"]):
             terminalreporter.write_line(row)
     for name, lines in SLOWEST_TESTS.items():
-        terminalreporter.section(f"slowest tests of {name}")
+        terminalreporter.section(f"slowest and heaviest (CPU) tests of {name}")
         for line in lines:
             terminalreporter.write_line(line)
     timed = {name: steps for name, steps in STEP_TIMES.items() if "idempotence" in steps}

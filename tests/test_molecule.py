@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from cgroup_cpu import containers_cpu
 
 # The lanes. The suite's length is its chain of compilations: `cluster` compiles 0c1e570 (CPU), then `upgrade` the
 # git-sourced e3a74b2, then `vulkan` the Vulkan backend (AFTER), each on a container of a higher CPU weight
@@ -73,15 +74,16 @@ def plain_lines(output):
 
 
 def slowest(output):
-    """The `--durations` lines of a verify step's pytest run, the lines molecule wrapped (continued with a deeper
-    indent) joined again."""
+    """The `--durations` lines of a verify step's pytest run and its heaviest tests by CPU (cpu_per_test.py), the
+    lines molecule wrapped (continued with a deeper indent) joined again."""
     lines = []
     for line in plain_lines(output):
         if line.startswith("  ") and lines:
             lines[-1] += line.lstrip()
         else:
             lines.append(line)
-    return [" ".join(line.split()) for line in lines if re.match(r"^\d+\.\d+s (call|setup|teardown)\b", line)]
+    return [" ".join(line.split()) for line in lines
+            if re.match(r"^\d+\.\d+s (call|setup|teardown)\b|^\d+\.\d+ cpu-s ", line)]
 
 
 class Lanes:
@@ -207,23 +209,6 @@ def machine_cpu():
         fields = [int(value) for value in stat.readline().split()[1:]]
     hz = os.sysconf("SC_CLK_TCK")
     return (sum(fields) - fields[3] - fields[4]) / hz, sum(fields) / hz
-
-
-def containers_cpu(name):
-    """CPU seconds used by the scenario's containers so far (their cgroups, v1 or v2), systemd and services included."""
-    ids = subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", f"label=scenario={name}"],
-                         capture_output=True, text=True, check=False).stdout.split()
-    seconds = 0.0
-    for ident in ids:
-        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{ident}/cpuacct.usage", 1e9),
-                            (f"/sys/fs/cgroup/cpu,cpuacct/docker/{ident}/cpuacct.usage", 1e9),
-                            (f"/sys/fs/cgroup/system.slice/docker-{ident}.scope/cpu.stat", 1e6)):
-            if os.path.exists(path):
-                with open(path, encoding="ascii") as usage:
-                    text = usage.read()
-                seconds += int(re.search(r"(?:usage_usec )?(\d+)", text).group(1)) / scale
-                break
-    return seconds
 
 
 @pytest.fixture(scope="session")
