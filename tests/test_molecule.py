@@ -79,7 +79,8 @@ def slowest(output):
     lines = []
     for line in plain_lines(output):
         if line.startswith("  ") and lines:
-            lines[-1] += line.lstrip()
+            # Wrapped inside a test's path, or (cpu_per_test's lines) at the space after "(host + containers)".
+            lines[-1] += (" " if lines[-1].endswith(")") else "") + line.lstrip()
         else:
             lines.append(line)
     return [" ".join(line.split()) for line in lines

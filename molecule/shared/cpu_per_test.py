@@ -32,5 +32,5 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("CPU per test (seconds: this machine + containers)")
     total = sum(host + inside for host, inside in USED.values())
     for nodeid, (host, inside) in sorted(USED.items(), key=lambda item: -sum(item[1]))[:SHOWN]:
-        terminalreporter.write_line(f"{host + inside:.1f} cpu-s {nodeid} ({host:.1f} + {inside:.1f})")
+        terminalreporter.write_line(f"{host + inside:.1f} cpu-s ({host:.1f} + {inside:.1f}) {nodeid}")
     terminalreporter.write_line(f"{total:.1f} cpu-s in all, {len(USED)} tests")
