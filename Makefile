@@ -6,10 +6,11 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV ?= .venv
-# The distribution's interpreter where there is one: Debian's is built with profile-guided and link-time
-# optimisation, and ran this project's Ansible with about a sixth less CPU than a plain source build (pyenv's
-# default, first on PATH on the machines the suite is measured on), a pure-Python loop in half the time.
-PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
+# The distribution's interpreter where it can make a virtual environment (Debian: python3-venv): Debian's is built
+# with profile-guided and link-time optimisation, and ran this project's Ansible with about a sixth less CPU than a
+# plain source build (pyenv's default, first on PATH on the machines the suite is measured on), a pure-Python loop
+# in half the time.
+PYTHON ?= $(if $(shell /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && echo yes),/usr/bin/python3,python3)
 export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
