@@ -10,7 +10,10 @@ VENV ?= .venv
 # with profile-guided and link-time optimisation, and ran this project's Ansible with about a sixth less CPU than a
 # plain source build (pyenv's default, first on PATH on the machines the suite is measured on), a pure-Python loop
 # in half the time.
-PYTHON ?= $(if $(shell /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && echo yes),/usr/bin/python3,python3)
+# Decided once per make run (a plain `?=` would run the check at every use of PYTHON).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(if $(shell /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && echo yes),/usr/bin/python3,python3)
+endif
 export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env

@@ -74,16 +74,9 @@ def plain_lines(output):
 
 
 def slowest(output):
-    """The `--durations` lines of a verify step's pytest run and its heaviest tests by CPU (cpu_per_test.py), the
-    lines molecule wrapped (continued with a deeper indent) joined again."""
-    lines = []
-    for line in plain_lines(output):
-        if line.startswith("  ") and lines:
-            # Wrapped inside a test's path, or (cpu_per_test's lines) at the space after "(host + containers)".
-            lines[-1] += (" " if lines[-1].endswith(")") else "") + line.lstrip()
-        else:
-            lines.append(line)
-    return [" ".join(line.split()) for line in lines
+    """The `--durations` lines of a verify step's pytest run and its heaviest tests by CPU (cpu_per_test.py), whole:
+    the steps run without molecule's framed output (NO_COLOR, Lanes.molecule), which wraps long lines."""
+    return [" ".join(line.split()) for line in plain_lines(output)
             if re.match(r"^\d+\.\d+s (call|setup|teardown)\b|^\d+\.\d+ cpu-s ", line)]
 
 
@@ -122,8 +115,10 @@ class Lanes:
         command = ["bash", "-c", 'molecule "$@"; code=$?; times; exit $code', "molecule", step, "-s", name]
         if background:
             command = ["nice", "-n", str(BACKGROUND_NICE), *command]
-        process = subprocess.Popen(command, cwd=self.project, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        # NO_COLOR: molecule prints a step's output plainly, not in its frame, which wraps lines at the terminal's
+        # width (80 columns without one) and drops the space it breaks at: the summary reads whole lines.
+        process = subprocess.Popen(command, cwd=self.project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True, env=dict(os.environ, NO_COLOR="1"))
         if background:
             lower_priority(process.pid)
         with self.lock:

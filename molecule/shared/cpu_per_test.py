@@ -7,11 +7,12 @@ import os
 import resource
 
 import pytest
-from cgroup_cpu import containers_cpu
+from cgroup_cpu import container_ids, containers_cpu
 
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "")
 SHOWN = 12
 USED = {}
+CONTAINERS = []  # the scenario's container ids, read once (no `docker ps` around every test)
 
 
 def _host_cpu():
@@ -19,11 +20,15 @@ def _host_cpu():
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def pytest_sessionstart():
+    CONTAINERS.extend(container_ids(SCENARIO))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
-    host, inside = _host_cpu(), containers_cpu(SCENARIO)
+    host, inside = _host_cpu(), containers_cpu(SCENARIO, CONTAINERS)
     yield
-    USED[item.nodeid] = (_host_cpu() - host, containers_cpu(SCENARIO) - inside)
+    USED[item.nodeid] = (_host_cpu() - host, containers_cpu(SCENARIO, CONTAINERS) - inside)
 
 
 def pytest_terminal_summary(terminalreporter):
