@@ -97,9 +97,11 @@ def sdist(version):
 
 def vendored_tree(version, workdir):
     """Extract vendor/llama.cpp of the sdist into workdir and return its path."""
-    with tarfile.open(sdist(version)) as archive:
-        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
-        archive.extractall(workdir, members=members, filter="data")
+    # GNU tar, not tarfile: the distribution's Python 3.11.2 (Debian 12 before deb12u9) has no extraction filters,
+    # and tar refuses absolute names and `..` on its own.
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-xzf", str(sdist(version)), "-C", str(workdir), "--wildcards", "*/vendor/llama.cpp/*"],
+                   check=True)
     (tree,) = Path(workdir).glob("*/vendor/llama.cpp")
     # The sdist keeps the submodule's `.git` pointer file; it points nowhere outside the sdist's repo.
     (tree / ".git").unlink(missing_ok=True)
