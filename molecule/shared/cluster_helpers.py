@@ -168,6 +168,12 @@ def journal_tail(host, units, lines=40):
                     f" | tail -n {lines}").stdout
 
 
+def service_state(host, unit):
+    """How `unit` last ended and how often systemd restarted it, on one line: a failure message's first line."""
+    return " ".join(host.run(f"systemctl show -p NRestarts -p ExecMainCode -p ExecMainStatus -p ActiveEnterTimestamp "
+                             f"{unit}").stdout.split())
+
+
 def order_tests(items, order):
     """Sort collected tests by their file's place in `order` (files not named run last)."""
     def rank(item):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, journal_tail,
-                             main_pid, option, placement, run_playbook, single_process_completion, wait_health)
+                             main_pid, option, placement, run_playbook, service_state, single_process_completion,
+                             wait_health)
 
 SINGLE_PORT = 18181
 PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
@@ -171,17 +172,26 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
             wait_health(worker2, SINGLE_PORT, timeout=300)
             alone = http_json(worker2, SINGLE_PORT, "/completion", PROMPT)
         finally:
-            worker2.run(f"pkill -f -- '--port {SINGLE_PORT}'")
+            # Gone before the restoring run: two processes on lavapipe at once are not what the cluster runs. (The
+            # pattern's [] keeps it from matching the shell that runs it.)
+            pattern = f"--port [{str(SINGLE_PORT)[0]}]{str(SINGLE_PORT)[1:]}"
+            worker2.run(f"pkill -f -- '{pattern}'; for i in $(seq 300); do pgrep -f -- '{pattern}' >/dev/null || break; "
+                        "sleep 0.2; done")
         print(f"\nRPC1 alone: {cluster['content']!r}\none Vulkan process: {alone['content']!r}")
         assert cluster["tokens_predicted"] == alone["tokens_predicted"] == 12
         assert cluster["content"] == alone["content"]
     finally:
         restored = run_playbook("site.yml", "--tags", "master,smoke", timeout=600)
         worker2.run("rm -f /tmp/model.gguf")
-    # Seen once, under the suite's full load: the restoring run's smoke request found the restarted llama-server
-    # closing the connection without an answer. The journals say why, should it happen again.
+    # Seen twice, under the suite's full load: the restoring run's smoke request found the restarted llama-server
+    # closing the connection without an answer, its RPC client having read an error (a reset) from a worker. The
+    # message's first line (the one pytest's summary shows) says how each service last ended; then the journals.
     assert restored.returncode == 0, "\n".join([
+        "restoring run failed; " + "; ".join(f"{name} {unit}: {service_state(host, unit)}" for name, host, unit in (
+            ("master", master, "llama-server.service"), ("worker1", workers["worker1"], "llama-rpc-server.service"),
+            ("worker2", worker2, "llama-rpc-server.service"))),
         restored.stdout[-3000:],
         "master:", journal_tail(master, ["llama-server.service", "llama-server-watch.service"]),
-        "worker2:", journal_tail(worker2, ["llama-rpc-server.service"])])
+        *(text for name in ("worker1", "worker2")
+          for text in (f"{name}:", journal_tail(workers[name], ["llama-rpc-server.service"])))])
     assert option(cmdline(master, main_pid(master, "llama-server.service")), "--device") == "RPC0,RPC1,RPC2"
