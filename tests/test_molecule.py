@@ -2,8 +2,8 @@
 
 Most of a scenario's time is spent waiting (containers booting, models loading, services restarting, play
 round trips), so the scenarios run in lanes side by side: the scenarios of one lane run in order, the lanes
-at the same time. The suite's length is set by its three llama.cpp compilations, which take both cores each:
-they run one after another (AFTER), on containers of a higher CPU weight, while the other lanes take what they
+at the same time. The suite is CPU-bound, its three llama.cpp compilations the heaviest steps: they take both cores
+each and run one after another (AFTER), on containers of a higher CPU weight, while the other lanes take what they
 leave; a scenario that reuses another's build waits for it, so each tree is still compiled once per suite. The
 steps run one by one so that their times are measured: the summary at the end prints each scenario's steps,
 its slowest tests, its CPU time, the machine's load, its converge and no-op re-run (idempotence) times and
