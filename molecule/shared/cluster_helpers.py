@@ -194,6 +194,15 @@ def placement(master):
     return planned, actual, log
 
 
+def stop_server_on(host, port):
+    """End a llama-server a test started on `port` and wait (up to 60 s) until it is gone. The pattern's [] keeps it
+    from matching the shell that runs pkill."""
+    digits = str(port)
+    pattern = f"--port [{digits[0]}]{digits[1:]}"
+    host.run(f"pkill -f -- '{pattern}'; for i in $(seq 300); do pgrep -f -- '{pattern}' >/dev/null || break; "
+             "sleep 0.2; done")
+
+
 def single_process_completion(master, model, body, port=18181):
     """`body` answered by a llama-server of one process (no RPC) on the master, started for the request on
     `port` with the cluster's model, as the service user."""
@@ -205,7 +214,7 @@ def single_process_completion(master, model, body, port=18181):
         wait_health(master, port)
         return http_json(master, port, "/completion", body)
     finally:
-        master.run(f"pkill -f -- '--port {port}'")
+        stop_server_on(master, port)
 
 
 _DECODE = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0, "seed": 1234, "cache_prompt": False,

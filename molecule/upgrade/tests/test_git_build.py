@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from cluster_helpers import connect
+from cluster_helpers import connect, stop_server_on
 
 COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NODES = ("builder", "node")
@@ -90,7 +90,7 @@ def test_the_recorded_no_mmap_flag_serves_on_this_tree():
         assert answer.rc == 0, answer.stderr + node.check_output("tail -n 30 /tmp/no-mmap.log")
         assert "Paris" in json.loads(answer.stdout)["content"], answer.stdout
     finally:
-        node.run("pkill -f -- '--port 18301'")
+        stop_server_on(node, 18301)
 
 
 @pytest.mark.parametrize("name, unit", [("builder", "llama-server.service"), ("node", "llama-rpc-server.service")])

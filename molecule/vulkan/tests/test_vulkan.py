@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, journal_tail,
                              main_pid, option, placement, run_playbook, service_state, single_process_completion,
-                             wait_health)
+                             stop_server_on, wait_health)
 
 SINGLE_PORT = 18181
 PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
@@ -172,11 +172,8 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
             wait_health(worker2, SINGLE_PORT, timeout=300)
             alone = http_json(worker2, SINGLE_PORT, "/completion", PROMPT)
         finally:
-            # Gone before the restoring run: two processes on lavapipe at once are not what the cluster runs. (The
-            # pattern's [] keeps it from matching the shell that runs it.)
-            pattern = f"--port [{str(SINGLE_PORT)[0]}]{str(SINGLE_PORT)[1:]}"
-            worker2.run(f"pkill -f -- '{pattern}'; for i in $(seq 300); do pgrep -f -- '{pattern}' >/dev/null || break; "
-                        "sleep 0.2; done")
+            # Gone before the restoring run: two processes on lavapipe at once are not what the cluster runs.
+            stop_server_on(worker2, SINGLE_PORT)
         print(f"\nRPC1 alone: {cluster['content']!r}\none Vulkan process: {alone['content']!r}")
         assert cluster["tokens_predicted"] == alone["tokens_predicted"] == 12
         assert cluster["content"] == alone["content"]
