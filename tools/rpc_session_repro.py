@@ -198,6 +198,8 @@ def main():
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the RPC servers")
     parser.add_argument("--tail", type=int, default=12, help="lines of a dead worker's output to show")
     parser.add_argument("--wrap", default="", help="a command prefix for worker2 (e.g. gdb -batch -ex run -ex bt --args)")
+    parser.add_argument("--stop-at-first-crash", action="store_true")
+    parser.add_argument("--json", action="store_true", help="end with the figures as one JSON line")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args()
     args.master_bin_dir = args.master_bin_dir or args.bin_dir
@@ -238,24 +240,30 @@ def main():
                 for text in tail:
                     print(f"      | {text}", flush=True)
                 worker.start()
+            if crashes and args.stop_at_first_crash:
+                break
     finally:
         for worker in workers:
             worker.stop()
         for proc in load:
             proc.kill()
             proc.wait()
-    print(f"\n{args.rounds} sessions, plans {' / '.join(','.join(map(str, p)) for p in plans)}, "
+    print(f"\n{round_no} sessions, plans {' / '.join(','.join(map(str, p)) for p in plans)}, "
           f"worker2 devices {args.worker2_devices}, cache {'off' if args.no_cache else 'on'}, "
           f"{'fresh workers per session, ' if args.fresh_workers else ''}"
           f"{'llama-rpc-session, ' if args.supervise else ''}load {args.load}, "
           f"env {args.env_overrides or '-'}")
     print(f"worker crashes: {len(crashes)} {crashes}; failed sessions: {failures}; "
           f"median start to /health: {statistics.median(loads):.2f} s (of which waiting for the workers "
-          f"{statistics.median(master_session.waits):.2f} s, longest {max(master_session.waits):.2f} s)")
+          f"{statistics.median(master_session.waits or [0]):.2f} s, longest {max(master_session.waits or [0]):.2f} s)")
     if args.keep or crashes:
         print(f"logs: {workdir}")
     else:
         shutil.rmtree(workdir)
+    if args.json:
+        print(json.dumps({"sessions": round_no, "crashes": crashes, "failed": failures,
+                          "start_to_health_s": statistics.median(loads),
+                          "wait_for_workers_s": statistics.median(master_session.waits or [0])}))
     return 1 if crashes or failures else 0
 
 

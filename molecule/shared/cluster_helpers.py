@@ -42,6 +42,14 @@ def main_pid(host, unit):
     return int(pid)
 
 
+def rpc_server_pid(host):
+    """The RPC server process of llama-rpc-server.service: the child of its session guard (llama-rpc-session, the
+    unit's main process, llama_rpc_fresh_per_session), else the main process itself."""
+    main = main_pid(host, "llama-rpc-server.service")
+    children = host.run(f"pgrep -P {main}").stdout.split()
+    return int(children[0]) if children else main
+
+
 def service_pids(master, workers):
     """{"master": llama-server's main PID, worker name: its RPC server's main PID}."""
     return {"master": main_pid(master, "llama-server.service"),
@@ -172,6 +180,25 @@ def service_state(host, unit):
     """How `unit` last ended and how often systemd restarted it, on one line: a failure message's first line."""
     return " ".join(host.run(f"systemctl show -p NRestarts -p ExecMainCode -p ExecMainStatus -p ActiveEnterTimestamp "
                              f"{unit}").stdout.split())
+
+
+# What glibc, the kernel and the session guard print when an RPC server dies: heap corruption found by malloc
+# ("corrupted double-linked list", "double free or corruption", "malloc(): unsorted double linked list corrupted"), a
+# signal, the guard's record of it.
+CRASH_MARKERS = r"corrupted|double free|free\(\): invalid|malloc\(\)|SIGABRT|SIGSEGV|core-dump|ended by itself"
+
+
+def rpc_server_crashes(workers, since="-1d"):
+    """{worker: what shows its RPC server crashed since `since`}: systemd's restart count, the crash lines of its
+    journal (empty when none crashed)."""
+    found = {}
+    for name, host in workers.items():
+        restarts = host.check_output("systemctl show -p NRestarts --value llama-rpc-server.service")
+        lines = host.run(f"journalctl -o cat -u llama-rpc-server.service --since '{since}' | grep -E '{CRASH_MARKERS}'"
+                         ).stdout.strip()
+        if restarts != "0" or lines:
+            found[name] = f"NRestarts={restarts}; {service_state(host, 'llama-rpc-server.service')}; {lines[-600:]}"
+    return found
 
 
 def order_tests(items, order):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
-                             placement, single_process_completion, wait_health)
+                             placement, rpc_server_pid, single_process_completion, wait_health)
 from llama_gguf import read_model_info
 from llama_split import llamacpp_layer_assignment
 
@@ -123,7 +123,7 @@ def test_each_worker_holds_its_layers(master, workers, server_args):
         idle_pid = int(worker.check_output(f"pgrep -fx '{idle_server}'"))
         baseline = _rss_kib(worker, idle_pid)
         worker.run(f"kill {idle_pid}")
-        serving = _rss_kib(worker, main_pid(worker, "llama-rpc-server.service"))
+        serving = _rss_kib(worker, rpc_server_pid(worker))
         assert (serving - baseline) * 1024 >= 0.8 * expected, (
             f"{name}: RSS {serving} KiB vs idle {baseline} KiB; expected about {expected / 1024:.0f} KiB of weights")
 
@@ -143,3 +143,26 @@ def test_llama_cpp_placement_matches_the_plan(master):
     planned, actual, _ = placement(master)
     assert actual == planned
     assert len(set(planned.values())) == 2 and sorted(planned) == list(range(len(planned)))
+
+
+def test_every_master_session_gets_fresh_rpc_servers(master, workers):
+    """llama_rpc_fresh_per_session: when llama-server restarts, every worker replaces the RPC server process that
+    served it (its session guard, the unit's main process, stays), and the new llama-server waits until each worker
+    answers the RPC handshake. A process that served one master never serves another: with the Vulkan backend on
+    lavapipe, a second session corrupts its heap (the vulkan scenario reproduces it)."""
+    unit = "llama-rpc-server.service"
+    before = {name: (main_pid(host, unit), rpc_server_pid(host)) for name, host in workers.items()}
+    since = master.check_output("date '+%Y-%m-%d %H:%M:%S'")
+    master.check_output("systemctl restart llama-server.service")
+    wait_health(master, SERVER_PORT)
+    answer = http_json(master, SERVER_PORT, "/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0})
+    assert answer["tokens_predicted"] == 4
+    for name, host in workers.items():
+        guard, server = main_pid(host, unit), rpc_server_pid(host)
+        assert guard == before[name][0] and server != before[name][1], (name, before[name], (guard, server))
+        assert host.process.get(pid=server).user == "llama"
+        log = host.check_output(f"journalctl -o cat -u {unit} --since '{since}'")
+        assert re.search(r"llama-rpc-session: a master session ended \(.*MiB read\): replacing the RPC server", log), log
+    waited = master.check_output(f"journalctl -o cat -u llama-server.service --since '{since}'")
+    for name in workers:
+        assert re.search(rf"llama-wait-workers: worker {name} \(\S+\) answers \(RPC protocol 7\.0\.0\)", waited), waited

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cluster_helpers import (SERVER_PORT, address, assert_refused_in_preflight, cmdline, http_json, journal_tail,
-                             main_pid, option, placement, run_playbook, service_state, single_process_completion,
-                             stop_server_on, wait_health)
+from cluster_helpers import (PROJECT, SERVER_PORT, address, assert_refused_in_preflight, cmdline, container,
+                             http_json, journal_tail, main_pid, option, placement, rpc_server_crashes, run_playbook,
+                             service_state, single_process_completion, stop_server_on, wait_health)
 
 SINGLE_PORT = 18181
 PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
@@ -192,3 +192,41 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
         *(text for name in ("worker1", "worker2")
           for text in (f"{name}:", journal_tail(workers[name], ["llama-rpc-server.service"])))])
     assert option(cmdline(master, main_pid(master, "llama-server.service")), "--device") == "RPC0,RPC1,RPC2"
+    # The new plan's session ran on a fresh RPC server process (llama_rpc_fresh_per_session): on one that had
+    # served the RPC1-only plan, lavapipe corrupts the heap (test_one_rpc_server_process_per_session).
+    assert not rpc_server_crashes(workers), f"an RPC server crashed (heap corruption?): {rpc_server_crashes(workers)}"
+
+
+def test_one_rpc_server_process_per_session(workers):
+    """The reproduction (tools/rpc_session_repro.py, README "Vulkan"), on worker2 with its installed Vulkan build:
+    two RPC servers on loopback as the scenario's workers, and masters started one after another with the vulkan
+    test's two plans (every layer on Vulkan0, then 11,10,10). Without the session guard a server that served the
+    first plan corrupts its heap in the second session (glibc aborts it: "corrupted double-linked list"), with
+    llama-rpc-session (the unit's, llama_rpc_fresh_per_session) every session gets a fresh process and none dies."""
+    worker2 = workers["worker2"]
+    files = {"tools/rpc_session_repro.py": "tools", "roles/llama_rpc/files/llama-rpc-session": "roles/llama_rpc/files",
+             "roles/llama_server/files/llama-wait-workers": "roles/llama_server/files"}
+    worker2.check_output("mkdir -p " + " ".join(f"/tmp/repro/{folder}" for folder in files.values()))
+    model = Path(os.environ["LLAMA_MODEL_SMOLLM2"])
+    for source, target in [(model, "/tmp/model.gguf")] + [(PROJECT / name, f"/tmp/repro/{name}") for name in files]:
+        copied = subprocess.run(["docker", "cp", "-L", str(source), f"{container('worker2')}:{target}"],
+                                capture_output=True, text=True)
+        assert copied.returncode == 0, copied.stderr
+    repro = ("timeout 900 python3 /tmp/repro/tools/rpc_session_repro.py --bin-dir /opt/llama.cpp/current/bin "
+             "--model /tmp/model.gguf --json --tail 4")
+    try:
+        bare = worker2.run(f"{repro} --rounds 6 --stop-at-first-crash")
+        guarded = worker2.run(f"{repro} --rounds 6 --supervise")
+    finally:
+        worker2.run("rm -rf /tmp/repro /tmp/model.gguf /tmp/rpc-session-repro-*")
+    print(f"\nwithout the guard:\n{bare.stdout[-2500:]}\nwith llama-rpc-session:\n{guarded.stdout[-1500:]}")
+    without, with_guard = (json.loads(run.stdout.strip().splitlines()[-1]) for run in (bare, guarded))
+    assert without["crashes"], f"the reproduction did not reproduce in {without['sessions']} sessions: {bare.stdout}"
+    assert any(how.startswith("signal") for _, name, how in without["crashes"] if name == "worker2"), without
+    assert with_guard["crashes"] == [] and with_guard["failed"] == 0, f"heap corruption with the guard: {guarded.stdout}"
+
+
+def test_no_rpc_server_crashed(workers):
+    """Over the whole scenario (converge, idempotence, every test's restarts), no RPC server of the cluster died:
+    a crash is not healed away by Restart=always unnoticed."""
+    assert not rpc_server_crashes(workers), rpc_server_crashes(workers)
