@@ -13,9 +13,12 @@ lines it printed, then started again, and the rounds go on. The summary counts t
 A build of the llama.cpp tree with -DGGML_RPC=ON -DGGML_VULKAN=ON gives every binary used here (the master sees
 no Vulkan device: lavapipe is a CPU-type device, skipped unless GGML_VK_VISIBLE_DEVICES names it). Options turn
 the suspects off one at a time: `--no-cache` (the RPC server's -c), `--same-plan` (every session the first plan),
-`--worker2-devices CPU` (no Vulkan), `--fresh-workers` (new RPC server processes for every session: the
-product's protection), `--env MALLOC_CHECK_=3` (glibc's heap checks in the workers), `--load N` (N CPU-bound
-processes beside it, as in the test suite).
+`--worker2-devices CPU` (no Vulkan), `--env MALLOC_CHECK_=3` (glibc's heap checks in the workers), `--load N` (N
+CPU-bound processes beside it, as in the test suite), `--wrap` (a command prefix for worker2's server: gdb, a
+chroot with another Mesa). `--fresh-workers` restarts both servers before every session; `--supervise` runs them
+under the product's protection instead (roles/llama_rpc/files/llama-rpc-session, a fresh process per session),
+and every master start waits as the master's unit does (roles/llama_server/files/llama-wait-workers). The
+README's "Vulkan" section has the figures.
 """
 
 import argparse

@@ -40,15 +40,19 @@ def connection():
         server.close()
 
 
-def test_tcp_received_reads_the_kernel_counters_of_each_connection(connection):
+def test_tcp_connections_reads_the_kernel_state_and_counters_of_each_connection(connection):
     client, server = connection
     client.sendall(b"x" * 100_000)
     received = 0
     while received < 100_000:
         received += len(server.recv(1 << 16))
-    counters = guard.tcp_received()
-    assert counters[os.fstat(server.fileno()).st_ino] == 100_000
-    assert counters[os.fstat(client.fileno()).st_ino] == 0
+    counters = guard.tcp_connections()
+    assert counters[os.fstat(server.fileno()).st_ino] == (guard.TCP_ESTABLISHED, 100_000)
+    assert counters[os.fstat(client.fileno()).st_ino] == (guard.TCP_ESTABLISHED, 0)
+    assert guard.connected(os.getpid())
+    client.close()  # the server's end is then in CLOSE_WAIT: no longer connected, though the socket is held
+    assert wait_for(lambda: not guard.connected(os.getpid()))
+    assert os.fstat(server.fileno()).st_ino in guard.socket_inodes(os.getpid())
 
 
 def test_connection_bytes_counts_only_the_process_own_connections(connection):
@@ -66,6 +70,14 @@ def test_connection_bytes_counts_only_the_process_own_connections(connection):
         idle.wait()
 
 
+def complete_lines(server):
+    """The next complete lines (a read may end inside a line)."""
+    found = []
+    while not found:
+        found = server.lines(block=True)
+    return found
+
+
 def test_a_writer_is_held_by_the_closed_gate_and_let_through_when_it_opens():
     """The gate: the pipe filled to its last byte holds the writer in write(2) (blocked_writing), draining the
     filler lets its line through, whole and in order."""
@@ -74,13 +86,13 @@ def test_a_writer_is_held_by_the_closed_gate_and_let_through_when_it_opens():
                " print('Client connection closed', flush=True); time.sleep(30)"]
     server = guard.Server(command)
     try:
-        assert server.lines(block=True) == [b"Accepted client connection"]
+        assert complete_lines(server) == [b"Accepted client connection"]
         server.close_gate()
         assert server.filled > 0
         assert wait_for(lambda: guard.blocked_writing(server.proc.pid)), "the writer was not held"
         assert server.open_gate() == []
         assert wait_for(lambda: not guard.blocked_writing(server.proc.pid))
-        assert server.lines(block=True) == [b"Client connection closed"]
+        assert complete_lines(server) == [b"Client connection closed"]
         assert server.filled == 0
     finally:
         server.stop()
