@@ -54,9 +54,10 @@ def test_master_dials_its_local_tls_clients(master, workers):
     for endpoint in local_endpoints():
         port = endpoint.rsplit(":", 1)[1]
         assert listeners(master, port) == {endpoint: "llama-rpc-tls-clients.service"}
-    # Its start still waits for the workers' network endpoints (their terminators).
+    # Its start waits for the RPC handshake through the endpoints it dials: the local clients, the terminators
+    # and the RPC servers behind them all answer before llama-server starts.
     unit = master.check_output("systemctl show -p ExecStartPre --value llama-server.service")
-    for name, endpoint in zip(WORKERS, network_endpoints(workers)):
+    for name, endpoint in zip(WORKERS, local_endpoints()):
         assert f"{name}={endpoint}" in unit
     # And llama-server holds its connections through the clients, which hold theirs to the terminators.
     for endpoint, worker_endpoint in zip(local_endpoints(), network_endpoints(workers)):
