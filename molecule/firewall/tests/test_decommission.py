@@ -8,10 +8,11 @@ from cluster_helpers import RPC_PORT, recap, run_playbook
 from conftest import LISTENER, start_listener
 
 DECOMMISSION = "playbooks/decommission.yml"
-UNITS = ["llama-server-watch.service", "llama-server.service", "llama-rpc-tls-clients.service", "llama-rpc-server.service",
-         "llama-rpc-tls.service", "llama-firewall.service"]
-PATHS = ["/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp", "/var/lib/llama.cpp",
-         "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch", "/usr/local/sbin/llama-rpc-session"]
+UNITS = ["llama-front.service", "llama-server-watch.service", "llama-server.service", "llama-rpc-tls-clients.service",
+         "llama-rpc-server.service", "llama-rpc-tls.service", "llama-firewall.service"]
+PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp", "/var/lib/llama.cpp",
+         "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch",
+         "/usr/local/sbin/llama-rpc-session"]
 # What a deployed worker has besides the firewall (the converge only ran the firewall): the user, the
 # directories, a unit of the project's, enabled and running.
 DEPLOYED = """
