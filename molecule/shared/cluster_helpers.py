@@ -291,3 +291,79 @@ def master():
 @pytest.fixture(scope="session")
 def workers():
     return {name: connect(name) for name in WORKERS}
+
+
+class ApiClients:
+    """Clients of the API on `host` (molecule/shared/api_clients.py, run there) while a `with` block runs: each
+    group (name, number of clients) sends non-streaming completions, each client pausing `interval` s between
+    them. `events` records what the test did when (the host's monotonic clock); `results` holds, after the block,
+    every request of each group: [start, latency s, HTTP status (0: none), error]."""
+
+    SCRIPT = Path(__file__).with_name("api_clients.py")
+
+    def __init__(self, host, groups=(("1 client", 1), ("8 clients", 8)), interval=0.5, port=SERVER_PORT,
+                 key=API_KEY):
+        self.host, self.groups, self.interval, self.port, self.key = host, groups, interval, port, key
+        self.events, self.results = [], {}
+
+    def __enter__(self):
+        self.host.run(f"cat > /tmp/api_clients.py <<'EOF'\n{self.SCRIPT.read_text()}\nEOF\nrm -f /tmp/api-clients.stop")
+        for index, (_, count) in enumerate(self.groups):
+            self.host.run(f"nohup python3 /tmp/api_clients.py http://127.0.0.1:{self.port} {count} {self.interval} "
+                          f"/tmp/api-clients.stop {quote(self.key or '')} > /tmp/api-clients-{index}.json "
+                          f"2> /tmp/api-clients-{index}.err &")
+        time.sleep(3)  # every client has asked once
+        return self
+
+    def event(self, name):
+        """Record that `name` happens now (before the test makes it happen)."""
+        self.events.append((name, monotonic(self.host)))
+
+    def __exit__(self, *failure):
+        self.host.run("touch /tmp/api-clients.stop")
+        deadline = time.monotonic() + 700
+        for index, (name, _) in enumerate(self.groups):
+            while True:
+                text = self.host.run(f"cat /tmp/api-clients-{index}.json").stdout
+                if text.endswith("\n"):
+                    self.results[name] = json.loads(text)
+                    break
+                assert time.monotonic() < deadline, self.host.run(f"cat /tmp/api-clients-{index}.err").stdout
+                time.sleep(0.5)
+        return False
+
+    def failed(self):
+        """{group: the requests not answered 200 with tokens}."""
+        return {name: [r for r in requests if r[2] != 200 or r[3]] for name, requests in self.results.items()}
+
+    def figures(self, since, until):
+        """Per group, the requests started in [since, until): count, failed, latency p50/p99/max (s), and the
+        outage: from `since` to the first answer of a request sent after it."""
+        rows = {}
+        for name, requests in self.results.items():
+            window = [r for r in requests if since <= r[0] < until]
+            latencies = sorted(r[1] for r in window) or [0.0]
+            answered = [r[0] + r[1] - since for r in window if r[2] == 200 and not r[3]]
+            rows[name] = {"requests": len(window), "failed": sum(1 for r in window if r[2] != 200 or r[3]),
+                          "p50": latencies[len(latencies) // 2],
+                          "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+                          "max": latencies[-1], "outage": min(answered) if answered else None}
+        return rows
+
+    def report(self, title):
+        """One line per event and group, printed (the test's figures) and returned."""
+        lines = [title]
+        bounds = [at for _, at in self.events] + [float("inf")]
+        for (event, at), until in zip(self.events, bounds[1:]):
+            for group, row in self.figures(at, until).items():
+                outage = "-" if row["outage"] is None else f"{row['outage']:.1f} s"
+                lines.append(f"  {event:40} {group:9} {row['requests']:4} requests {row['failed']:2} failed; latency "
+                             f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "
+                             f"first answer after {outage}")
+        print("\n" + "\n".join(lines))
+        return lines
+
+
+def monotonic(host):
+    """The host's monotonic clock (s): what api_clients.py stamps its requests with."""
+    return float(host.check_output("python3 -c 'import time; print(time.monotonic())'"))

@@ -18,7 +18,18 @@ CASES = {
     "RPC port out of range": ({"llama_rpc_port": 70000},
                               r"worker\d: llama_rpc_port must be a port number 1-65535 \(got 70000\)"),
     "API port out of range": ({"llama_server_port": 99999},
-                              r"master: llama_server_port must be a port number 1-65535 \(got 99999\)"),
+                              r"master: llama_server_port and llama_server_internal_port must be port numbers 1-65535 "
+                              r"\(got 99999 and 8081\)"),
+    # The front (llama_front haproxy, the default).
+    "internal port out of range": ({"llama_server_internal_port": 0},
+                                   r"master: llama_server_port and llama_server_internal_port must be port numbers "
+                                   r"1-65535 \(got 8080 and 0\)"),
+    "internal port is the API's": ({"llama_server_internal_port": 8080},
+                                   r"master: llama_server_internal_port equals llama_server_port \(8080\): with "
+                                   r"llama_front haproxy, the front listens on llama_server_port"),
+    "hold of no time": ({"llama_front_hold_seconds": 0},
+                        r"master: llama_front_hold_seconds \(0\), llama_front_timeout \(600\) and "
+                        r"llama_front_max_connections \(256\) must be at least 1"),
     "bind address not the cluster address": (
         {"llama_rpc_bind_address": "10.255.255.1"},
         r"worker\d: llama_rpc_bind_address is '10\.255\.255\.1', but the master dials this worker at its cluster "
@@ -54,6 +65,7 @@ SPEC_CASES = {
                         r"\w+: llamacpp_backend must be one of: cpu, cuda, hip, vulkan, got: rocm\."),
     "misspelt variable": ({"llama_rpc_prot": 50053},
                           r"\w+: llama_rpc_prot is not a variable of any role \(did you mean llama_rpc_port\?\)"),
+    "unknown front": ({"llama_front": "nginx"}, r"\w+: llama_front must be one of: haproxy, none, got: nginx\."),
     "unknown firewall backend": ({"llama_firewall": "iptables"},
                                  r"\w+: llama_firewall must be one of: auto, nftables, firewalld, ufw, none, "
                                  r"got: iptables\."),
@@ -90,16 +102,17 @@ def test_rpc_port_equal_to_the_api_port_on_a_host_in_both_groups(before, master,
     assert_refused_before_any_change(result, message, before, master, workers)
 
 
-def test_port_taken_by_another_program(before, master, workers):
+@pytest.mark.parametrize("variable", ["llama_server_port", "llama_server_internal_port"])
+def test_port_taken_by_another_program(variable, before, master, workers):
     port = 18080
     assert master.run(f"systemd-run --unit=port-thief python3 -m http.server {port}").rc == 0
     try:
         listening = f"for i in $(seq 50); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; sleep 0.2; done; exit 1"
         assert master.run(listening).rc == 0
-        result = run_playbook("site.yml", "-e", f"llama_server_port={port}", timeout=600)
+        result = run_playbook("site.yml", "-e", f"{variable}={port}", timeout=600)
     finally:
         master.run("systemctl stop port-thief")
-    message = (rf"master: llama_server_port {port} is in use by python3 on (0\.0\.0\.0|\*|\[::\]). Choose a free "
+    message = (rf"master: {variable} {port} is in use by python3 on (0\.0\.0\.0|\*|\[::\]). Choose a free "
                r"port in the inventory, or stop that program\.")
     assert_refused_before_any_change(result, message, before, master, workers)
 

@@ -13,7 +13,7 @@ from shlex import quote
 
 import pytest
 from cluster_helpers import (assert_refused_in_preflight, cmdline, connect, container, failure_messages, http_json,
-                             main_pid, plays, recap, run_playbook, wait_health)
+                             main_pid, monotonic, plays, recap, run_playbook, wait_health)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
@@ -22,7 +22,8 @@ NEW_VARS = json.dumps({"llamacpp_commit": NEW, "llamacpp_build_number": int(os.e
                        "llamacpp_source": "archive", "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
                        "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
-# A client asking every 0.5 s, logging "monotonic-seconds ok|error" per request to LOG; idle while LOG.pause exists.
+# A client asking every 0.5 s through the front, logging "monotonic-seconds ok|error" when each request ends to LOG;
+# idle while LOG.pause exists. Its timeout outlasts the front's hold (llama_front_hold_seconds, 120 s).
 POLLER = """
 import json, os, sys, time, urllib.request
 body = json.dumps({"prompt": "Hello", "n_predict": 2, "temperature": 0}).encode()
@@ -32,7 +33,7 @@ with open(sys.argv[1], "w", buffering=1) as log:
             time.sleep(0.2)
             continue
         try:
-            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=30).read()
+            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=150).read()
             log.write(f"{time.monotonic():.2f} ok\\n")
         except Exception:
             log.write(f"{time.monotonic():.2f} error\\n")
@@ -159,18 +160,17 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
     new = build(node)
     assert (new["commit"], new["rpc_proto"], new["rpc_server_binary"]) == (NEW, "7.0.0", "ggml-rpc-server")
     assert_serving(builder, node, new, before["answer"])
-    # The client saw the API answer until the switch began and after it ended: one window of errors.
-    log = [line.split() for line in builder.file("/tmp/poller.log").content_string.splitlines()]
-    states = "".join("e" if state == "error" else "o" for _, state in log)
-    assert re.fullmatch(r"o+e*o+", states), states
-    failed = [float(stamp) for stamp, state in log if state == "error"]
+    # The client saw every request answered: the front held those sent during the switch.
+    log = [(float(stamp), state) for stamp, state in
+           (line.split() for line in builder.file("/tmp/poller.log").content_string.splitlines())]
+    failed = [stamp for stamp, state in log if state == "error"]
     outage, load = map(float, re.search(r"Outage \(master stopped -> /health 200 and a completion\): ([\d.]+) s, "
                                         r"of which the model load \(llama-server start -> now\) ([\d.]+) s",
                                         output).groups())
-    window = (failed[-1] - failed[0]) if failed else 0.0
-    print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed over {window:.1f} s; "
-          f"outage reported {outage} s (model load {load} s)")
-    assert window <= outage + 2
+    gap = max(later - earlier for (earlier, _), (later, _) in zip(log, log[1:]))
+    print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed; the longest wait between "
+          f"two answers {gap:.1f} s; outage reported {outage} s (model load {load} s)")
+    assert failed == []
 
 
 def test_verify_names_a_node_switched_by_hand(node):
@@ -203,23 +203,20 @@ def test_the_upgrade_again_does_nothing(builder):
     assert main_pid(builder, "llama-server.service") == pid
 
 
-def monotonic(host):
-    return float(host.check_output("python3 -c 'import time; print(time.monotonic())'"))
-
-
-def recovery(builder, since, timeout=180, stable=5.0):
-    """(seconds from `since` until the poller's requests were answered again for good, requests failed in between):
-    answered again = the first answered request after the last failed one, followed by `stable` s of answers."""
+def recovery(builder, since, timeout=180, window=20.0):
+    """(seconds from `since` to the end of the poller's longest wait for an answer within `window` s after it,
+    requests failed in that window): the requests the front held end together when the cluster serves again."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         log = [line.split() for line in builder.file("/tmp/healing.log").content_string.splitlines()]
-        after = [(float(stamp), state) for stamp, state in log if float(stamp) > since]
-        failed = [stamp for stamp, state in after if state == "error"]
-        answered = [stamp for stamp, state in after if state == "ok" and stamp > (failed[-1] if failed else since)]
-        if answered and answered[-1] - answered[0] >= stable:
-            return answered[0] - since, len(failed)
+        after = [(float(stamp), state) for stamp, state in log if since < float(stamp) <= since + window]
+        if after and float(log[-1][0]) > since + window:
+            answered = [since] + [stamp for stamp, state in after if state == "ok"]
+            gaps = list(zip(answered, answered[1:])) or [(since, since)]
+            end = max(gaps, key=lambda pair: pair[1] - pair[0])[1]
+            return end - since, sum(1 for _, state in after if state == "error")
         time.sleep(1)
-    raise AssertionError(f"the cluster did not answer again for good within {timeout} s")
+    raise AssertionError(f"the poller logged nothing for {window} s after the event within {timeout} s")
 
 
 def test_the_cluster_heals_itself(builder, node):
@@ -255,11 +252,12 @@ def test_the_cluster_heals_itself(builder, node):
                 builder.check_output(f"kill -KILL {main_pid(builder, 'llama-server.service')}")
             seconds, failed = recovery(builder, since)
             figures.append((event, seconds, failed, "under load"))
+            assert failed == 0, figures
     finally:
         builder.run("kill $(cat /tmp/healing.pid)")
     print("\nself-healing (SmolLM2 over one worker; a client asking every 0.5 s where under load):")
     for event, seconds, failed, note in figures:
-        print(f"  {event:26} answering again for good {seconds:5.1f} s after, {failed:2} failed requests ({note})")
+        print(f"  {event:26} answered again {seconds:5.1f} s after, {failed:2} failed requests ({note})")
     watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
     assert "worker connection(s) closed by the worker" in watch
     assert ask(builder)

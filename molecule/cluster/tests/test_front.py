@@ -1,0 +1,134 @@
+"""The API front (role llama_front, HAProxy on the master): llama-server behind it on loopback; clients see delay,
+not errors, while llama-server or a worker restarts, while site.yml restarts llama-server and reloads the front;
+a stream cut by a crash ends in an error the client sees; after llama_front_hold_seconds the front answers 503
+with Retry-After, and /health is never held. (The API key through the front: test_security.py, whose requests all
+go through it.)"""
+
+import json
+import re
+import time
+from shlex import quote
+
+import pytest
+from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, main_pid, recap, run_playbook,
+                             wait_health)
+
+INTERNAL_PORT = 8081
+# A stream (llama-server's SSE) read until its third event, when the script kills llama-server; then it reads on
+# and prints how the stream ended: "complete" (the final chunk came) or the client's error.
+STREAM = """
+import http.client, json, os, signal, sys
+key, pid = sys.argv[1], int(sys.argv[2])
+body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "ignore_eos": True, "stream": True})
+connection = http.client.HTTPConnection("127.0.0.1", %d, timeout=120)
+connection.request("POST", "/completion", body, {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+response = connection.getresponse()
+events = 0
+try:
+    while True:
+        line = response.readline()
+        if not line:
+            break
+        if line.startswith(b"data:"):
+            events += 1
+            if events == 3:
+                os.kill(pid, signal.SIGKILL)
+    print(json.dumps({"status": response.status, "events": events, "end": "complete"}))
+except Exception as error:
+    print(json.dumps({"status": response.status, "events": events, "end": type(error).__name__}))
+""" % SERVER_PORT
+
+
+def listeners(host, port):
+    """{local address:port: unit} of the TCP listeners on `port`."""
+    found = {}
+    for line in host.check_output(f"ss -Hltnp 'sport = :{port}'").splitlines():
+        local = line.split()[3]
+        pid = re.search(r"pid=(\d+)", line).group(1)
+        found[local] = host.check_output(f"ps -o unit= -p {pid}").strip()
+    return found
+
+
+def test_the_front_takes_the_api_port_and_llama_server_only_loopback(master, workers):
+    assert listeners(master, SERVER_PORT) == {f"0.0.0.0:{SERVER_PORT}": "llama-front.service"}
+    assert listeners(master, INTERNAL_PORT) == {f"127.0.0.1:{INTERNAL_PORT}": "llama-server.service"}
+    args = master.check_output(f"tr '\\0' ' ' < /proc/{main_pid(master, 'llama-server.service')}/cmdline")
+    assert f"--host 127.0.0.1 --port {INTERNAL_PORT}" in args
+    # From another host: the API answers through the front, llama-server's port is not there.
+    probe = ("python3 -c 'import socket, sys; s = socket.socket(); s.settimeout(3); "
+             "print(s.connect_ex((sys.argv[1], int(sys.argv[2]))))' {} {}")
+    stranger = workers[WORKERS[0]]
+    assert stranger.check_output(probe.format(address(master), SERVER_PORT)) == "0"
+    assert stranger.check_output(probe.format(address(master), INTERNAL_PORT)) != "0"
+    # The configuration HAProxy runs is valid, and /health passes through.
+    assert master.run("haproxy -c -q -f /etc/llama-front/haproxy.cfg").rc == 0
+    assert http(master, SERVER_PORT, "/health", key=None)[0] == 200
+
+
+def site(*args):
+    result = run_playbook("site.yml", "--tags", "master", *args)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def test_no_request_fails_while_the_cluster_restarts(master, workers):
+    """One client asking every 0.5 s and 8 concurrent clients, through: llama-server killed, a worker killed,
+    site.yml restarting llama-server (a changed setting) and reloading the front (a changed front setting)."""
+    worker = workers[WORKERS[0]]
+    front = main_pid(master, "llama-front.service")
+    with ApiClients(master) as clients:
+        clients.event("llama-server killed (SIGKILL)")
+        master.check_output(f"kill -KILL {main_pid(master, 'llama-server.service')}")
+        time.sleep(12)
+        clients.event("worker1's RPC server killed (SIGKILL)")
+        worker.check_output(f"kill -KILL {main_pid(worker, 'llama-rpc-server.service')}")
+        time.sleep(12)
+        clients.event("site.yml: a setting changed, front reloaded")
+        output = site("-e", json.dumps({"llama_server_batch_size": 1024, "llama_front_retry_after": 11}))
+        assert recap(output)["master"]["changed"] > 0
+        clients.event("site.yml: back, front reloaded")
+        site()
+        time.sleep(5)
+    clients.report("through the front (SmolLM2 over two workers):")
+    assert clients.failed() == {name: [] for name, _ in clients.groups}
+    # The front was reloaded (HAProxy's master process re-executed itself), never restarted.
+    assert main_pid(master, "llama-front.service") == front
+    assert "Reloaded" in master.check_output("journalctl -o cat -u llama-front.service _PID=1")
+
+
+def test_a_stream_cut_by_a_crash_ends_in_an_error_the_client_sees(master):
+    wait_health(master, SERVER_PORT)
+    pid = main_pid(master, "llama-server.service")
+    result = json.loads(master.check_output(f"python3 -c {quote(STREAM)} {quote(API_KEY)} {pid}"))
+    assert result["status"] == 200 and result["events"] >= 3
+    assert result["end"] != "complete", result
+    wait_health(master, SERVER_PORT)
+
+
+@pytest.fixture
+def short_hold(master):
+    """The front with a 3 s hold and llama-server stopped; afterwards site.yml puts both back."""
+    site("-e", "llama_front_hold_seconds=3")
+    master.check_output("systemctl stop llama-server.service")
+    yield
+    site()
+    wait_health(master, SERVER_PORT)
+
+
+def test_after_the_hold_the_front_answers_503_with_retry_after(master, short_hold):
+    started = time.monotonic()
+    reply = master.check_output(
+        "python3 -c 'import sys, urllib.request, urllib.error\n"
+        "try:\n urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b\"{}\"), timeout=60)\n"
+        "except urllib.error.HTTPError as e:\n print(e.code, e.headers[\"Retry-After\"], e.read().decode())' "
+        f"http://127.0.0.1:{SERVER_PORT}/completion")
+    held = time.monotonic() - started
+    status, retry_after, body = reply.split(" ", 2)
+    assert (status, retry_after) == ("503", "10")
+    assert "llama_front_hold_seconds (3 s)" in json.loads(body)["error"]["message"]
+    assert 3 <= held < 30
+    # /health is not held: 503 at once, with Retry-After too.
+    started = time.monotonic()
+    assert http(master, SERVER_PORT, "/health", key=None)[0] == 503
+    assert time.monotonic() - started < 3
