@@ -40,12 +40,17 @@ def connection():
         server.close()
 
 
+def transfer(client, server, size):
+    """`size` bytes from the client's end, all received at the server's."""
+    client.sendall(b"x" * size)
+    received = 0
+    while received < size:
+        received += len(server.recv(1 << 16))
+
+
 def test_tcp_connections_reads_the_kernel_state_and_counters_of_each_connection(connection):
     client, server = connection
-    client.sendall(b"x" * 100_000)
-    received = 0
-    while received < 100_000:
-        received += len(server.recv(1 << 16))
+    transfer(client, server, 100_000)
     counters = guard.tcp_connections()
     assert counters[os.fstat(server.fileno()).st_ino] == (guard.TCP_ESTABLISHED, 100_000)
     assert counters[os.fstat(client.fileno()).st_ino] == (guard.TCP_ESTABLISHED, 0)
@@ -57,10 +62,7 @@ def test_tcp_connections_reads_the_kernel_state_and_counters_of_each_connection(
 
 def test_connection_bytes_counts_only_the_process_own_connections(connection):
     client, server = connection
-    client.sendall(b"y" * 70_000)
-    received = 0
-    while received < 70_000:
-        received += len(server.recv(1 << 16))
+    transfer(client, server, 70_000)
     assert guard.connection_bytes(os.getpid()) == 70_000  # both ends are this process's
     idle = subprocess.Popen(["sleep", "10"])
     try:
