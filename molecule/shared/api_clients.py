@@ -31,7 +31,7 @@ def client(url, interval, stopfile, key, results):
                 if not reply.get("tokens_predicted"):
                     error = "no tokens"
         except urllib.error.HTTPError as failure:
-            status, error = failure.code, failure.read().decode(errors="replace")[:200]
+            status, error = failure.code, failure.read().decode(errors="replace")[:400]
         except Exception as failure:  # pylint: disable=broad-except  # any failure is a failed request
             error = f"{type(failure).__name__}: {failure}"[:200]
         results.append([round(start, 3), round(time.monotonic() - start, 3), status, error])

@@ -1,18 +1,36 @@
-"""playbooks/bench.yml measures every device, stores speeds the next run uses, and leaves the cluster serving."""
+"""playbooks/bench.yml measures every device, stores speeds the next run uses, and leaves the cluster serving; a
+client asking meanwhile is held by the front, or told that a benchmark is running."""
 
 import json
 import os
 
 import pytest
-from cluster_helpers import SERVER_PORT, WORKERS, http_json, run_playbook, wait_health
+from cluster_helpers import SERVER_PORT, WORKERS, ApiClients, http_json, run_playbook, wait_health
 
 
 @pytest.fixture(scope="module")
-def speeds(tmp_path_factory):
+def bench(tmp_path_factory, master):
+    """The bench's speeds file, and the requests of a client asking every 0.5 s through it."""
     path = tmp_path_factory.mktemp("bench") / "llama-speeds.json"
-    result = run_playbook("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e", "llama_bench_repetitions=1")
+    with ApiClients(master, groups=(("1 client", 1),)) as clients:
+        clients.event("bench.yml")
+        result = run_playbook("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e",
+                              "llama_bench_repetitions=1")
+    clients.report("a client through the bench:")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return path, json.loads(path.read_text())
+    return path, json.loads(path.read_text()), clients.results["1 client"]
+
+
+@pytest.fixture(scope="module")
+def speeds(bench):
+    return bench[:2]
+
+
+def test_a_client_is_held_or_told_a_bench_runs(bench):
+    requests = bench[2]
+    assert requests
+    for _, _, status, error in requests:
+        assert status == 200 and not error or status == 503 and "a benchmark is running" in error, (status, error)
 
 
 def test_every_device_is_measured(speeds):
