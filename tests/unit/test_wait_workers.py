@@ -62,13 +62,26 @@ def test_the_command_after_the_wait_owns_stdout(rpc_peer):
     assert rpc_peer["requests"] == [struct.pack("<BQ", 14, 24) + bytes(24)]
 
 
-def test_a_worker_of_another_protocol_is_refused_at_once(rpc_peer):
+def test_a_worker_of_another_protocol_is_waited_for_then_named(rpc_peer):
     rpc_peer["version"] = (6, 1, 0)
-    result = wait_workers("--protocol", "7", "300", f"worker2={rpc_peer['endpoint']}", "--", "true")
+    result = wait_workers("--protocol", "7", "1", f"worker2={rpc_peer['endpoint']}", "--", "true")
     assert result.returncode == 1
     assert result.stdout == ""
-    assert "worker worker2" in result.stderr and "speaks RPC protocol 6.1.0, this master 7.x" in result.stderr
-    assert "upgrade.yml" in result.stderr
+    assert (f"worker worker2 ({rpc_peer['endpoint']}): it speaks RPC protocol 6.1.0, this master 7.x (an upgrade "
+            "switching it is waited for) for 1s; giving up: run upgrade.yml" in result.stderr)
+    assert len(rpc_peer["requests"]) > 1  # asked again until the timeout
+
+
+def test_a_worker_switched_to_the_protocol_meanwhile_is_taken(rpc_peer):
+    """upgrade.yml switches every node at once: the new master may ask a worker before its switch."""
+    rpc_peer["version"] = (6, 1, 0)
+    waiting = subprocess.Popen([sys.executable, str(SCRIPT), "--protocol", "7", "30",
+                                f"worker1={rpc_peer['endpoint']}"], stderr=subprocess.PIPE, text=True)
+    first = waiting.stderr.readline()
+    assert "it speaks RPC protocol 6.1.0" in first
+    rpc_peer["version"] = (7, 0, 0)
+    assert waiting.wait(timeout=30) == 0
+    assert "answers (RPC protocol 7.0.0)" in waiting.stderr.read()
 
 
 def test_a_silent_worker_is_named_when_the_wait_gives_up():
@@ -77,4 +90,4 @@ def test_a_silent_worker_is_named_when_the_wait_gives_up():
         result = wait_workers("1", f"worker3={endpoint}", "--", "true")
     assert result.returncode == 1
     assert result.stdout == ""
-    assert f"worker worker3 ({endpoint}) did not answer the RPC handshake within 1s" in result.stderr
+    assert f"worker worker3 ({endpoint}): no answer to the RPC handshake (timed out) for 1s; giving up" in result.stderr

@@ -12,7 +12,7 @@ UNITS = ["llama-front.service", "llama-server-watch.service", "llama-server.serv
          "llama-rpc-server.service", "llama-rpc-tls.service", "llama-firewall.service"]
 PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp", "/var/lib/llama.cpp",
          "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch",
-         "/usr/local/sbin/llama-rpc-session"]
+         "/usr/local/sbin/llama-rpc-session", "/usr/local/sbin/llama-switch"]
 # What a deployed worker has besides the firewall (the converge only ran the firewall): the user, the
 # directories, a unit of the project's, enabled and running.
 DEPLOYED = """
@@ -20,7 +20,7 @@ set -e
 id llama >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /var/lib/llama --shell /usr/sbin/nologin llama
 mkdir -p /opt/llama.cpp/build-1/bin /var/cache/llama.cpp/rpc /var/lib/llama.cpp /usr/local/sbin
 touch /opt/llama.cpp/build-1/bin/rpc-server /usr/local/sbin/llama-wait-workers /usr/local/sbin/llama-server-watch \\
-  /usr/local/sbin/llama-rpc-session
+  /usr/local/sbin/llama-rpc-session /usr/local/sbin/llama-switch
 printf '[Service]\\nExecStart=/bin/sleep infinity\\nUser=llama\\n[Install]\\nWantedBy=multi-user.target\\n' \
   > /etc/systemd/system/llama-rpc-tls.service
 systemctl daemon-reload
