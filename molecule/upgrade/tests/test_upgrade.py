@@ -164,8 +164,8 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
     log = [(float(stamp), state) for stamp, state in
            (line.split() for line in builder.file("/tmp/poller.log").content_string.splitlines())]
     failed = [stamp for stamp, state in log if state == "error"]
-    outage, load = map(float, re.search(r"Outage \(master stopped -> /health 200 and a completion\): ([\d.]+) s, "
-                                        r"of which the model load \(llama-server start -> now\) ([\d.]+) s",
+    outage, load = map(float, re.search(r"Outage \(first node stopped -> /health 200\): ([\d.]+) s, of which the "
+                                        r"model load \(llama-server started -> /health 200\) ([\d.]+) s",
                                         output).groups())
     gap = max(later - earlier for (earlier, _), (later, _) in zip(log, log[1:]))
     print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed; the longest wait between "
