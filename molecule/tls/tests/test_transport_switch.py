@@ -1,5 +1,5 @@
 """Switching llama_rpc_transport on a running cluster, both ways, by re-running site.yml; the same greedy output
-either way. Measures, on the same containers, the model load (llama-server start to /health 200) and the decode
+either way, and no request of clients asking through the front during the switch to tls fails. Measures, on the same containers, the model load (llama-server start to /health 200) and the decode
 speed of a 64-token completion with plain and with tls, and prints them side by side."""
 
 import json
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cluster_helpers import RPC_PORT, address, measure_serving, option, run_playbook
+from cluster_helpers import RPC_PORT, ApiClients, address, measure_serving, option, run_playbook
 from tls_helpers import cluster_completion, local_endpoints, network_endpoints, server_args
 
 REPORT = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "tls-vs-plain.json"
@@ -27,7 +27,11 @@ def figures(master, workers):
                                 for name, host in workers.items()}
     found["plain"] = measure_serving(master, runs=3)
     found["plain_output"] = cluster_completion(master)["content"]
-    converge()
+    with ApiClients(master) as clients:
+        clients.event("site.yml: plain -> tls")
+        converge()
+    clients.report("clients through the front:")
+    found["switch_failed"] = clients.failed()
     found["back_args"] = server_args(master)
     found["back_output"] = cluster_completion(master)["content"]
     REPORT.write_text(json.dumps({key: found[key] for key in ("tls", "plain")}, indent=2) + "\n")
@@ -38,6 +42,10 @@ def test_switch_to_plain_removes_the_tls_layer(figures, workers):
     assert option(figures["plain_args"], "--rpc") == ",".join(network_endpoints(workers))
     assert not any(figures["plain_units"].values())
     assert figures["plain_listeners"] == {name: f"{address(host)}:{RPC_PORT}" for name, host in workers.items()}
+
+
+def test_no_request_fails_during_the_switch_to_tls(figures):
+    assert all(failed == [] for failed in figures["switch_failed"].values()), figures["switch_failed"]
 
 
 def test_switch_back_to_tls(figures, master, workers):
