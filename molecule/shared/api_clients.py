@@ -13,7 +13,8 @@ import time
 import urllib.error
 import urllib.request
 
-BODY = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0, "cache_prompt": False}).encode()
+BODY = json.dumps({"prompt": "Hello", "n_predict": 4, "temperature": 0, "cache_prompt": False,
+                   "ignore_eos": True}).encode()
 
 
 def client(url, interval, stopfile, key, results):

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cluster_helpers import (SERVER_PORT, assert_refused_in_preflight, cmdline, connect, failure_messages, http_json,
+from cluster_helpers import (SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect, failure_messages, http_json,
                              main_pid, measure_serving, option, recap, run_playbook, single_process_completion,
                              wait_health)
 
@@ -91,8 +91,12 @@ def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
 def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
     nas.check_output("cp /srv/nas/cluster.gguf /srv/nas/current.gguf.part && mv /srv/nas/current.gguf.part "
                      "/srv/nas/current.gguf")
-    result, output = deploy(llama_model_path="/mnt/models/current.gguf")
+    with ApiClients(master) as clients:  # the front holds their requests through the restart
+        clients.event("site.yml: a new model at the same path")
+        result, output = deploy(llama_model_path="/mnt/models/current.gguf")
+    clients.report("clients through the front:")
     assert result.returncode == 0, output[-4000:]
+    assert clients.failed() == {name: [] for name, _ in clients.groups}
     assert "changed: [master] => (item=current.gguf: " in output
     assert restarts(output) == 1
     digest = sha256(MODELS / "cluster.gguf")
