@@ -56,6 +56,15 @@ def service_pids(master, workers):
             **{name: main_pid(host, "llama-rpc-server.service") for name, host in workers.items()}}
 
 
+def listeners(host, port):
+    """{local address:port: the unit whose cgroup holds the socket} of the sockets listening on `port`."""
+    found = {}
+    for line in host.check_output(f"ss -Hltne sport = :{port}").splitlines():
+        unit = re.search(r"cgroup:\S*/([^/\s]+\.service)", line)
+        found[line.split()[3]] = unit.group(1) if unit else None
+    return found
+
+
 def cmdline(host, pid):
     return host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 

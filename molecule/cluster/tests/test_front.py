@@ -5,17 +5,17 @@ with Retry-After, and /health is never held. (The API key through the front: tes
 go through it.)"""
 
 import json
-import re
 import time
 from shlex import quote
 
 import pytest
-from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, main_pid, recap, run_playbook,
-                             wait_health)
+from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, listeners, main_pid, recap,
+                             run_playbook, wait_health)
 
 INTERNAL_PORT = 8081
 # A stream (llama-server's SSE) read until its third event, when the script kills llama-server; then it reads on
-# and prints how the stream ended: "complete" (the final chunk came) or the client's error.
+# and prints how the stream ended: "complete" (the final chunk came) or the client's error. (read1, not readline:
+# http.client's readline takes a chunked body cut short for its end.)
 STREAM = """
 import http.client, json, os, signal, sys
 key, pid = sys.argv[1], int(sys.argv[2])
@@ -23,30 +23,20 @@ body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "ignore_eos":
 connection = http.client.HTTPConnection("127.0.0.1", %d, timeout=120)
 connection.request("POST", "/completion", body, {"Content-Type": "application/json", "Authorization": "Bearer " + key})
 response = connection.getresponse()
-events = 0
+data, killed = b"", False
 try:
     while True:
-        line = response.readline()
-        if not line:
+        chunk = response.read1(65536)
+        if not chunk:
             break
-        if line.startswith(b"data:"):
-            events += 1
-            if events == 3:
-                os.kill(pid, signal.SIGKILL)
-    print(json.dumps({"status": response.status, "events": events, "end": "complete"}))
+        data += chunk
+        if not killed and data.count(b"data:") >= 3:
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+    print(json.dumps({"status": response.status, "events": data.count(b"data:"), "end": "complete"}))
 except Exception as error:
-    print(json.dumps({"status": response.status, "events": events, "end": type(error).__name__}))
+    print(json.dumps({"status": response.status, "events": data.count(b"data:"), "end": type(error).__name__}))
 """ % SERVER_PORT
-
-
-def listeners(host, port):
-    """{local address:port: unit} of the TCP listeners on `port`."""
-    found = {}
-    for line in host.check_output(f"ss -Hltnp 'sport = :{port}'").splitlines():
-        local = line.split()[3]
-        pid = re.search(r"pid=(\d+)", line).group(1)
-        found[local] = host.check_output(f"ps -o unit= -p {pid}").strip()
-    return found
 
 
 def test_the_front_takes_the_api_port_and_llama_server_only_loopback(master, workers):

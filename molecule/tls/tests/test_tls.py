@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from cluster_helpers import RPC_PORT, WORKERS, address, main_pid, option
+from cluster_helpers import RPC_PORT, WORKERS, address, listeners, main_pid, option
 from tls_helpers import (CA_DIR, TLS_DIR, cert_fields, cluster_completion, local_endpoints, network_endpoints, probe,
                          refused, rpc_connections, server_args, single_process_completion, write_file)
 
@@ -19,15 +19,6 @@ UNITS = {"master": ["llama-server.service", "llama-rpc-tls-clients.service"],
          "worker": ["llama-rpc-server.service", "llama-rpc-tls.service"]}
 # A real RPC server's answer to the hello: u64 LE 3, then protocol 7.0.0.
 RPC_HELLO_REPLY = "0300000000000000070000"
-
-
-def listeners(host, port):
-    """{local address:port: unit} of the sockets listening on `port`."""
-    found = {}
-    for line in host.check_output(f"ss -Hltne sport = :{port}").splitlines():
-        unit = re.search(r"cgroup:\S*/([^/\s]+\.service)", line)
-        found[line.split()[3]] = unit.group(1) if unit else None
-    return found
 
 
 def test_units_active_enabled_and_run_as_llama(master, workers):
