@@ -359,8 +359,9 @@ class ApiClients:
                           "max": latencies[-1], "outage": min(answered) if answered else None}
         return rows
 
-    def report(self, title):
-        """One line per event and group, printed (the test's figures) and returned."""
+    def report(self, title, capsys=None):
+        """One line per event and group, printed (the test's figures: past pytest's capture with `capsys`) and
+        returned."""
         lines = [title]
         bounds = [at for _, at in self.events] + [float("inf")]
         for (event, at), until in zip(self.events, bounds[1:]):
@@ -369,7 +370,11 @@ class ApiClients:
                 lines.append(f"  {event:40} {group:9} {row['requests']:4} requests {row['failed']:2} failed; latency "
                              f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "
                              f"first answer after {outage}")
-        print("\n" + "\n".join(lines))
+        if capsys is None:
+            print("\n" + "\n".join(lines))
+        else:
+            with capsys.disabled():
+                print("\n" + "\n".join(lines))
         return lines
 
 

@@ -62,7 +62,7 @@ def site(*args):
     return output
 
 
-def test_no_request_fails_while_the_cluster_restarts(master, workers):
+def test_no_request_fails_while_the_cluster_restarts(master, workers, capsys):
     """One client asking every 0.5 s and 8 concurrent clients, through: llama-server killed, a worker killed,
     site.yml restarting llama-server (a changed setting) and reloading the front (a changed front setting)."""
     worker = workers[WORKERS[0]]
@@ -78,7 +78,7 @@ def test_no_request_fails_while_the_cluster_restarts(master, workers):
         output = site("-e", json.dumps({"llama_server_batch_size": 1024, "llama_front_retry_after": 11}))
         assert recap(output)["master"]["changed"] > 0
         time.sleep(5)
-    clients.report("through the front (SmolLM2 over two workers):")
+    clients.report("through the front (SmolLM2 over two workers):", capsys)
     assert clients.failed() == {name: [] for name, _ in clients.groups}
     # The front was reloaded (HAProxy's master process re-executed itself), never restarted.
     assert main_pid(master, "llama-front.service") == front

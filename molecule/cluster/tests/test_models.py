@@ -88,13 +88,13 @@ def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
     LOADS["stage"] = measure_serving(master, runs=3)["load_s"]
 
 
-def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
+def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas, capsys):
     nas.check_output("cp /srv/nas/cluster.gguf /srv/nas/current.gguf.part && mv /srv/nas/current.gguf.part "
                      "/srv/nas/current.gguf")
     with ApiClients(master) as clients:  # the front holds their requests through the restart
         clients.event("site.yml: a new model at the same path")
         result, output = deploy(llama_model_path="/mnt/models/current.gguf")
-    clients.report("clients through the front:")
+    clients.report("clients through the front, a new model at the same path:", capsys)
     assert result.returncode == 0, output[-4000:]
     assert clients.failed() == {name: [] for name, _ in clients.groups}
     assert "changed: [master] => (item=current.gguf: " in output

@@ -149,7 +149,7 @@ def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
     assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
 
 
-def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before):
+def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before, capsys):
     builder.run(f"nohup python3 -c {quote(POLLER)} /tmp/poller.log > /dev/null 2>&1 & echo $! > /tmp/poller.pid")
     try:
         result, output = upgrade()
@@ -168,8 +168,9 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
                                         r"model load \(llama-server started -> /health 200\) ([\d.]+) s",
                                         output).groups())
     gap = max(later - earlier for (earlier, _), (later, _) in zip(log, log[1:]))
-    print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed; the longest wait between "
-          f"two answers {gap:.1f} s; outage reported {outage} s (model load {load} s)")
+    with capsys.disabled():
+        print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed; the longest wait between "
+              f"two answers {gap:.1f} s; outage reported {outage} s (model load {load} s)")
     assert failed == []
 
 
@@ -219,7 +220,7 @@ def recovery(builder, since, timeout=180, window=20.0):
     raise AssertionError(f"the poller logged nothing for {window} s after the event within {timeout} s")
 
 
-def test_the_cluster_heals_itself(builder, node):
+def test_the_cluster_heals_itself(builder, node, capsys):
     """A worker killed while no request runs, then under a client asking every 0.5 s: a worker killed, a worker
     host restarted, the master killed. Each time the cluster answers again with no human action."""
     builder.check_output("touch /tmp/healing.log.pause")
@@ -255,9 +256,10 @@ def test_the_cluster_heals_itself(builder, node):
             assert failed == 0, figures
     finally:
         builder.run("kill $(cat /tmp/healing.pid)")
-    print("\nself-healing (SmolLM2 over one worker; a client asking every 0.5 s where under load):")
-    for event, seconds, failed, note in figures:
-        print(f"  {event:26} answered again {seconds:5.1f} s after, {failed:2} failed requests ({note})")
+    with capsys.disabled():
+        print("\nself-healing (SmolLM2 over one worker; a client asking every 0.5 s where under load):")
+        for event, seconds, failed, note in figures:
+            print(f"  {event:26} answered again {seconds:5.1f} s after, {failed:2} failed requests ({note})")
     watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
     assert "worker connection(s) closed by the worker" in watch
     assert ask(builder)
