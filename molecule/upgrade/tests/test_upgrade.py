@@ -232,7 +232,9 @@ def test_the_cluster_heals_itself(builder, node, capsys):
         master_pid, since = main_pid(builder, "llama-server.service"), time.monotonic()
         node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
         while builder.check_output("systemctl show -p MainPID --value llama-server.service") in ("0", str(master_pid)):
-            assert time.monotonic() - since < 60, "llama-server-watch did not restart llama-server within 60 s"
+            assert time.monotonic() - since < 60, (
+                "llama-server-watch did not restart llama-server within 60 s:\n"
+                + builder.run("journalctl -n 30 --no-pager -u llama-server-watch -u llama-server; ss -tan").stdout)
             time.sleep(0.2)
         restarted = time.monotonic() - since
         wait_health(builder, 8080)
