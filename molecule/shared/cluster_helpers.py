@@ -359,6 +359,12 @@ class ApiClients:
                           "max": latencies[-1], "outage": min(answered) if answered else None}
         return rows
 
+    def longest(self):
+        """{event: the longest latency of a request started during it, over every group} (s)."""
+        bounds = [at for _, at in self.events] + [float("inf")]
+        return {event: max(row["max"] for row in self.figures(at, until).values())
+                for (event, at), until in zip(self.events, bounds[1:])}
+
     def report(self, title, capsys=None):
         """One line per event and group, printed (the test's figures: past pytest's capture with `capsys`) and
         returned."""
