@@ -50,6 +50,9 @@ def test_the_front_takes_the_api_port_and_llama_server_only_loopback(master, wor
     stranger = workers[WORKERS[0]]
     assert stranger.check_output(probe.format(address(master), SERVER_PORT)) == "0"
     assert stranger.check_output(probe.format(address(master), INTERNAL_PORT)) != "0"
+    # The package's own haproxy.service (Debian's example configuration) does not run beside the front.
+    assert not master.service("haproxy.service").is_running
+    assert not master.service("haproxy.service").is_enabled
     # The configuration HAProxy runs is valid, and /health passes through.
     assert master.run("haproxy -c -q -f /etc/llama-front/haproxy.cfg").rc == 0
     assert http(master, SERVER_PORT, "/health", key=None)[0] == 200
