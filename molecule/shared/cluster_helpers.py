@@ -359,19 +359,21 @@ class ApiClients:
                           "max": latencies[-1], "outage": min(answered) if answered else None}
         return rows
 
+    def windows(self):
+        """(event, its figures: from its time until the next event's) for each event in order."""
+        bounds = [at for _, at in self.events] + [float("inf")]
+        return [(event, self.figures(at, until)) for (event, at), until in zip(self.events, bounds[1:])]
+
     def longest(self):
         """{event: the longest latency of a request started during it, over every group} (s)."""
-        bounds = [at for _, at in self.events] + [float("inf")]
-        return {event: max(row["max"] for row in self.figures(at, until).values())
-                for (event, at), until in zip(self.events, bounds[1:])}
+        return {event: max(row["max"] for row in rows.values()) for event, rows in self.windows()}
 
     def report(self, title, capsys=None):
         """One line per event and group, printed (the test's figures: past pytest's capture with `capsys`) and
         returned."""
         lines = [title]
-        bounds = [at for _, at in self.events] + [float("inf")]
-        for (event, at), until in zip(self.events, bounds[1:]):
-            for group, row in self.figures(at, until).items():
+        for event, rows in self.windows():
+            for group, row in rows.items():
                 outage = "-" if row["outage"] is None else f"{row['outage']:.1f} s"
                 lines.append(f"  {event:40} {group:9} {row['requests']:4} requests {row['failed']:2} failed; latency "
                              f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "

@@ -50,8 +50,10 @@ def world(tmp_path):
     (bin_dir / "systemctl").write_text(SYSTEMCTL.format(state=state))
     (bin_dir / "systemctl").chmod(0o755)
     worker = socket.create_server(("127.0.0.1", 0))
-    processes = []
-    yield {"state": state, "bin": bin_dir, "worker": worker, "processes": processes}
+    # The watch, checking every second, with the stand-in systemctl first in PATH.
+    processes = [subprocess.Popen(["bash", str(SCRIPT), "1"],
+                                  env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))]
+    yield {"state": state, "worker": worker, "processes": processes}
     for process in processes:
         process.kill()
         process.wait()
@@ -64,8 +66,6 @@ def restarts(world):
 
 
 def test_a_worker_closing_its_end_restarts_the_master(world):
-    world["processes"].append(subprocess.Popen(["bash", str(SCRIPT), "1"],
-                                               env=dict(os.environ, PATH=f"{world['bin']}:{os.environ['PATH']}")))
     endpoint = f"127.0.0.1:{world['worker'].getsockname()[1]}"
     # As systemd starts a unit: the main PID is named at the fork, then the child sets up its sandbox (here 3 s, two
     # of the watch's rounds) and execs llama-server. A watch that took the PID's command line during those seconds
@@ -85,8 +85,6 @@ def test_a_worker_closing_its_end_restarts_the_master(world):
 
 
 def test_other_connections_closed_by_their_peer_are_not_a_worker_gone(world):
-    world["processes"].append(subprocess.Popen(["bash", str(SCRIPT), "1"],
-                                               env=dict(os.environ, PATH=f"{world['bin']}:{os.environ['PATH']}")))
     stranger = socket.create_server(("127.0.0.1", 0))
     master = llama_server(f"127.0.0.1:{world['worker'].getsockname()[1]}")
     world["processes"].append(master)
