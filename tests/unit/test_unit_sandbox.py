@@ -28,6 +28,15 @@ def test_gpu_backends_open_exactly_their_device_nodes(backend, devices):
     assert "MemoryDenyWriteExecute=true" not in lines and "PrivateDevices=true" not in lines
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "hip", "vulkan"])
+def test_mesa_keeps_its_pipeline_cache_where_the_unit_may_write(backend):
+    """Vulkan units get a cache directory of their own for Mesa's compiled pipelines (the home is read-only)."""
+    lines = llama_unit_sandbox(backend)
+    expected = ["MESA_SHADER_CACHE_DIR=/var/cache/llama-vulkan-shaders"] if backend == "vulkan" else []
+    assert values(lines, "Environment") == expected
+    assert values(lines, "CacheDirectory") == (["llama-vulkan-shaders"] if backend == "vulkan" else [])
+
+
 def test_peers_deny_everyone_else():
     lines = llama_unit_sandbox("cpu", ["10.0.0.1", "192.168.1.0/24", "10.0.0.1"])
     assert values(lines, "IPAddressDeny") == ["any"]

@@ -12,7 +12,7 @@ from cluster_helpers import SERVER_PORT, WORKERS, ApiClients, http_json, run_pla
 def bench(tmp_path_factory, master):
     """The bench's speeds file, and the requests of a client asking every 0.5 s through it."""
     path = tmp_path_factory.mktemp("bench") / "llama-speeds.json"
-    with ApiClients(master, groups=(("1 client", 1),)) as clients:
+    with ApiClients(master, groups=(("1 client", 1, 0.5),)) as clients:
         clients.event("bench.yml")
         result = run_playbook("playbooks/bench.yml", "-e", f"llama_speeds_file={path}", "-e",
                               "llama_bench_repetitions=1")

@@ -58,8 +58,8 @@ def test_the_front_takes_the_api_port_and_llama_server_only_loopback(master, wor
     assert http(master, SERVER_PORT, "/health", key=None)[0] == 200
 
 
-def site(*args):
-    result = run_playbook("site.yml", "--tags", "master", *args)
+def site(*args, tags="master"):
+    result = run_playbook("site.yml", "--tags", tags, *args)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
@@ -82,7 +82,7 @@ def test_no_request_fails_while_the_cluster_restarts(master, workers, capsys):
         assert recap(output)["master"]["changed"] > 0
         time.sleep(5)
     clients.report("through the front (SmolLM2 over two workers):", capsys)
-    assert clients.failed() == {name: [] for name, _ in clients.groups}
+    assert clients.failed() == {name: [] for name, *_ in clients.groups}
     # Held, not hung: the restarts' work (stop within TimeoutStopSec, workers, model load) takes seconds here; a
     # request held as long as systemd's 90 s stop timeout (llama-server under load never ends on SIGTERM) fails this.
     assert max(clients.longest().values()) < 30, clients.longest()
@@ -102,9 +102,10 @@ def test_a_stream_cut_by_a_crash_ends_in_an_error_the_client_sees(master):
 
 @pytest.fixture
 def short_hold(master):
-    """The front with a 3 s hold (and the batch size of the test before back) and llama-server stopped; afterwards
-    site.yml puts both back."""
-    site("-e", "llama_front_hold_seconds=3")
+    """The front with a 3 s hold (its role's tag: the front alone) and llama-server stopped; afterwards site.yml
+    puts the master back as the inventory says (the hold, and the batch size of the test before)."""
+    output = site("-e", "llama_front_hold_seconds=3", tags="llama_front")
+    assert recap(output)["master"]["changed"] > 0
     master.check_output("systemctl stop llama-server.service")
     yield
     site()

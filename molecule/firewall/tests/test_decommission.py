@@ -10,7 +10,8 @@ from conftest import LISTENER, start_listener
 DECOMMISSION = "playbooks/decommission.yml"
 UNITS = ["llama-front.service", "llama-server-watch.service", "llama-server.service", "llama-rpc-tls-clients.service",
          "llama-rpc-server.service", "llama-rpc-tls.service", "llama-firewall.service"]
-PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp", "/var/lib/llama.cpp",
+PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp",
+         "/var/cache/llama-vulkan-shaders", "/var/lib/llama.cpp",
          "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch",
          "/usr/local/sbin/llama-rpc-session", "/usr/local/sbin/llama-switch"]
 # What a deployed worker has besides the firewall (the converge only ran the firewall): the user, the
@@ -18,7 +19,8 @@ PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/lla
 DEPLOYED = """
 set -e
 id llama >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /var/lib/llama --shell /usr/sbin/nologin llama
-mkdir -p /opt/llama.cpp/build-1/bin /var/cache/llama.cpp/rpc /var/lib/llama.cpp /usr/local/sbin
+mkdir -p /opt/llama.cpp/build-1/bin /var/cache/llama.cpp/rpc /var/cache/llama-vulkan-shaders /var/lib/llama.cpp \\
+  /usr/local/sbin
 touch /opt/llama.cpp/build-1/bin/rpc-server /usr/local/sbin/llama-wait-workers /usr/local/sbin/llama-server-watch \\
   /usr/local/sbin/llama-rpc-session /usr/local/sbin/llama-switch
 printf '[Service]\\nExecStart=/bin/sleep infinity\\nUser=llama\\n[Install]\\nWantedBy=multi-user.target\\n' \

@@ -1,6 +1,7 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
 that change nothing, a switch that fails and is rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server,
-protocol 7, --load-mode) under a client's requests, the drift check, a no-op re-run and a rollback on purpose.
+protocol 7, --load-mode), the drift check, a no-op re-run, the cluster healing itself and a rollback on purpose; the
+upgrade, the healing and the rollback under clients' requests (one asking every 0.5 s, 8 concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -9,11 +10,10 @@ import os
 import re
 import subprocess
 import time
-from shlex import quote
 
 import pytest
-from cluster_helpers import (assert_refused_in_preflight, cmdline, connect, container, failure_messages, http_json,
-                             main_pid, monotonic, plays, recap, run_playbook, wait_health)
+from cluster_helpers import (SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect, container,
+                             failure_messages, http_json, main_pid, plays, recap, run_playbook, wait_health)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
@@ -22,24 +22,6 @@ NEW_VARS = json.dumps({"llamacpp_commit": NEW, "llamacpp_build_number": int(os.e
                        "llamacpp_source": "archive", "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
                        "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
-# A client asking every 0.5 s through the front, logging "monotonic-seconds ok|error" when each request ends to LOG;
-# idle while LOG.pause exists. Its timeout outlasts the front's hold (llama_front_hold_seconds, 120 s).
-POLLER = """
-import json, os, sys, time, urllib.request
-body = json.dumps({"prompt": "Hello", "n_predict": 2, "temperature": 0}).encode()
-with open(sys.argv[1], "w", buffering=1) as log:
-    while True:
-        if os.path.exists(sys.argv[1] + ".pause"):
-            time.sleep(0.2)
-            continue
-        try:
-            urllib.request.urlopen("http://127.0.0.1:8080/completion", body, timeout=150).read()
-            log.write(f"{time.monotonic():.2f} ok\\n")
-        except Exception:
-            log.write(f"{time.monotonic():.2f} error\\n")
-        time.sleep(0.5)
-"""
-
 
 @pytest.fixture(scope="module")
 def builder():
@@ -149,29 +131,31 @@ def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
     assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
 
 
+def clients(builder):
+    """The continuity tests' clients (one asking every 0.5 s, 8 concurrent ones) through the front; no API key."""
+    return ApiClients(builder, key=None)
+
+
+def assert_no_request_failed(clients, title, capsys):
+    clients.report(title, capsys)
+    assert clients.failed() == {name: [] for name, *_ in clients.groups}
+
+
 def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before, capsys):
-    builder.run(f"nohup python3 -c {quote(POLLER)} /tmp/poller.log > /dev/null 2>&1 & echo $! > /tmp/poller.pid")
-    try:
+    with clients(builder) as asking:
+        asking.event(f"upgrade.yml {OLD[:7]} -> {NEW[:7]}")
         result, output = upgrade()
-    finally:
         time.sleep(3)
-        builder.run("kill $(cat /tmp/poller.pid)")
     assert result.returncode == 0, output[-4000:]
     new = build(node)
     assert (new["commit"], new["rpc_proto"], new["rpc_server_binary"]) == (NEW, "7.0.0", "ggml-rpc-server")
     assert_serving(builder, node, new, before["answer"])
-    # The client saw every request answered: the front held those sent during the switch.
-    log = [(float(stamp), state) for stamp, state in
-           (line.split() for line in builder.file("/tmp/poller.log").content_string.splitlines())]
-    failed = [stamp for stamp, state in log if state == "error"]
     outage, load = map(float, re.search(r"Outage \(first node stopped -> /health 200\): ([\d.]+) s, of which the "
                                         r"model load \(llama-server started -> /health 200\) ([\d.]+) s",
                                         output).groups())
-    gap = max(later - earlier for (earlier, _), (later, _) in zip(log, log[1:]))
-    with capsys.disabled():
-        print(f"\nupgrade {OLD[:7]} -> {NEW[:7]}: {len(log)} requests, {len(failed)} failed; the longest wait between "
-              f"two answers {gap:.1f} s; outage reported {outage} s (model load {load} s)")
-    assert failed == []
+    # Every client's requests were answered: the front held those sent during the switch.
+    assert_no_request_failed(asking, f"through the front (outage reported by the play {outage} s, of which the "
+                                     f"model load {load} s):", capsys)
 
 
 def test_verify_names_a_node_switched_by_hand(node):
@@ -204,72 +188,48 @@ def test_the_upgrade_again_does_nothing(builder):
     assert main_pid(builder, "llama-server.service") == pid
 
 
-def recovery(builder, since, timeout=180, window=20.0):
-    """(seconds from `since` to the end of the poller's longest wait for an answer within `window` s after it,
-    requests failed in that window): the requests the front held end together when the cluster serves again."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        log = [line.split() for line in builder.file("/tmp/healing.log").content_string.splitlines()]
-        after = [(float(stamp), state) for stamp, state in log if since < float(stamp) <= since + window]
-        if after and float(log[-1][0]) > since + window:
-            answered = [since] + [stamp for stamp, state in after if state == "ok"]
-            gaps = list(zip(answered, answered[1:])) or [(since, since)]
-            end = max(gaps, key=lambda pair: pair[1] - pair[0])[1]
-            return end - since, sum(1 for _, state in after if state == "error")
-        time.sleep(1)
-    raise AssertionError(f"the poller logged nothing for {window} s after the event within {timeout} s")
-
-
-def test_the_cluster_heals_itself(builder, node, capsys):
-    """A worker killed while no request runs, then under a client asking every 0.5 s: a worker killed, a worker
-    host restarted, the master killed. Each time the cluster answers again with no human action."""
-    builder.check_output("touch /tmp/healing.log.pause")
-    builder.run(f"nohup python3 -c {quote(POLLER)} /tmp/healing.log > /dev/null 2>&1 & echo $! > /tmp/healing.pid")
-    figures = []
-    try:
-        # Idle: llama-server-watch sees the worker's end of the connection closed and restarts the master before
-        # a client comes; the next request is answered.
-        master_pid, since = main_pid(builder, "llama-server.service"), time.monotonic()
-        node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
-        while builder.check_output("systemctl show -p MainPID --value llama-server.service") in ("0", str(master_pid)):
-            assert time.monotonic() - since < 60, (
-                "llama-server-watch did not restart llama-server within 60 s:\n"
-                + builder.run("journalctl -n 30 --no-pager -u llama-server-watch -u llama-server; ss -tan").stdout)
-            time.sleep(0.2)
-        restarted = time.monotonic() - since
-        wait_health(builder, 8080)
-        serving = time.monotonic() - since
-        resumed = time.monotonic()
-        builder.check_output("rm /tmp/healing.log.pause")
-        _, failed = recovery(builder, resumed)
-        figures.append(("worker killed, idle", serving, failed,
-                        f"master restarted by the watch {restarted:.1f} s after the kill, before any request"))
-        assert failed == 0
+def test_the_cluster_heals_itself(builder, node, before, capsys):
+    """A worker killed while no request runs, then under the clients' requests: a worker killed, a worker host
+    restarted, the master killed. Each time the cluster answers again with no human action."""
+    # Idle: llama-server-watch sees the worker's end of the connection closed and restarts the master before a
+    # client comes; the next request is answered.
+    master_pid, since = main_pid(builder, "llama-server.service"), time.monotonic()
+    node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
+    while builder.check_output("systemctl show -p MainPID --value llama-server.service") in ("0", str(master_pid)):
+        assert time.monotonic() - since < 60, (
+            "llama-server-watch did not restart llama-server within 60 s:\n"
+            + builder.run("journalctl -n 30 --no-pager -u llama-server-watch -u llama-server; ss -tan").stdout)
+        time.sleep(0.2)
+    restarted = time.monotonic() - since
+    wait_health(builder, SERVER_PORT)
+    serving = time.monotonic() - since
+    assert ask(builder) == before["answer"]
+    with clients(builder) as asking:
         for event in ("worker killed (SIGKILL)", "worker host restarted", "master killed (SIGKILL)"):
-            since = monotonic(builder)
+            asking.event(event)
             if event.startswith("worker killed"):
                 node.check_output(f"kill -KILL {main_pid(node, 'llama-rpc-server.service')}")
             elif event.startswith("worker host"):
                 subprocess.run(["docker", "restart", "-t", "10", container("node")], check=True)
             else:
                 builder.check_output(f"kill -KILL {main_pid(builder, 'llama-server.service')}")
-            seconds, failed = recovery(builder, since)
-            figures.append((event, seconds, failed, "under load"))
-            assert failed == 0, figures
-    finally:
-        builder.run("kill $(cat /tmp/healing.pid)")
-    with capsys.disabled():
-        print("\nself-healing (SmolLM2 over one worker; a client asking every 0.5 s where under load):")
-        for event, seconds, failed, note in figures:
-            print(f"  {event:26} answered again {seconds:5.1f} s after, {failed:2} failed requests ({note})")
+            time.sleep(2)
+            wait_health(builder, SERVER_PORT)
+            time.sleep(5)  # the held requests are answered, then some more
+    assert_no_request_failed(asking, f"self-healing (SmolLM2 over one worker), through the front; idle before: a "
+                                     f"worker killed, the master restarted by the watch {restarted:.1f} s after and "
+                                     f"serving {serving:.1f} s after:", capsys)
     watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
     assert "worker connection(s) closed by the worker" in watch
-    assert ask(builder)
 
 
-def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before):
-    result = run_playbook("upgrade.yml", "-e", "llama_rollback=true")
+def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before, capsys):
+    with clients(builder) as asking:
+        asking.event(f"upgrade.yml -e llama_rollback=true ({NEW[:7]} -> {OLD[:7]})")
+        result = run_playbook("upgrade.yml", "-e", "llama_rollback=true")
+        time.sleep(3)
     output = result.stdout + result.stderr
+    assert_no_request_failed(asking, "through the front:", capsys)
     assert result.returncode == 0, output[-3000:]
     old = before["builds"]["node"]
     assert f"Every node is back on {old['build_id']} and the cluster serves." in output

@@ -164,7 +164,10 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
         assert option(args, "--device") == "RPC1"
         wait_health(master, SERVER_PORT)
         cluster = http_json(master, SERVER_PORT, "/completion", PROMPT)
+        # Mesa's pipelines as the RPC server compiled them (a copy: root's files in the unit's cache would be
+        # unreadable to it).
         started = worker2.run(
+            "cp -a /var/cache/llama-vulkan-shaders /tmp/single-shaders && MESA_SHADER_CACHE_DIR=/tmp/single-shaders "
             "GGML_VK_VISIBLE_DEVICES=0 timeout 300 /opt/llama.cpp/current/bin/llama-server -m /tmp/model.gguf "
             f"-c 1024 -t 1 -ngl 999 --device Vulkan0 --host 127.0.0.1 --port {SINGLE_PORT} > /tmp/single.log 2>&1 &")
         assert started.rc == 0
@@ -179,7 +182,7 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
         assert cluster["content"] == alone["content"]
     finally:
         restored = run_playbook("site.yml", "--tags", "master,smoke", timeout=600)
-        worker2.run("rm -f /tmp/model.gguf")
+        worker2.run("rm -rf /tmp/model.gguf /tmp/single-shaders")
     # Seen twice, under the suite's full load: the restoring run's smoke request found the restarted llama-server
     # closing the connection without an answer, its RPC client having read an error (a reset) from a worker. The
     # message's first line (the one pytest's summary shows) says how each service last ended; then the journals.
@@ -224,6 +227,17 @@ def test_one_rpc_server_process_per_session(workers):
     assert without["crashes"], f"the reproduction did not reproduce in {without['sessions']} sessions: {bare.stdout}"
     assert any(how.startswith("signal") for _, name, how in without["crashes"] if name == "worker2"), without
     assert with_guard["crashes"] == [] and with_guard["failed"] == 0, f"heap corruption with the guard: {guarded.stdout}"
+
+
+def test_mesa_keeps_the_compiled_pipelines(workers):
+    """The Vulkan RPC server's unit gives Mesa a cache it may write (its home is read-only): lavapipe's compiled
+    pipelines are kept for the next start (a fresh process per master session) instead of compiled again."""
+    worker2 = workers["worker2"]
+    environment = worker2.check_output("systemctl show -p Environment --value llama-rpc-server.service")
+    assert "MESA_SHADER_CACHE_DIR=/var/cache/llama-vulkan-shaders" in environment.split()
+    owners = worker2.check_output("find /var/cache/llama-vulkan-shaders -type f -printf '%u %s\\n'").splitlines()
+    assert owners and {line.split()[0] for line in owners} == {"llama"}, owners
+    assert sum(int(line.split()[1]) for line in owners) > 100_000, owners
 
 
 def test_no_rpc_server_crashed(workers):
