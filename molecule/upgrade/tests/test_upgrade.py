@@ -100,8 +100,10 @@ def test_a_build_that_fails_on_one_node_stops_before_any_switch(builder, node, b
     result, output = upgrade(inventory_args=("-i", str(extra)))
     assert result.returncode != 0, output[-3000:]
     assert re.search(r"^fatal: \[node\]", output, re.M) and "/nonexistent/cc" in output, output[-3000:]
-    assert "PLAY [Upgrade - stage the new build while the old one serves]" in output
-    assert "PLAY [Upgrade - gate]" not in output and "PLAY [Upgrade - roll back]" not in output
+    # It stopped in the stage (role llama_upgrade's flow): no gate, no rollback point, no rollback.
+    assert "Build once per build group and unpack beside the active build (role llamacpp)]" in output
+    assert "Check the staged build on every node]" not in output and "Save the rollback point]" not in output
+    assert "Restore the saved build and units]" not in output
     assert_serving(builder, node, before["builds"]["node"], before["answer"])
 
 
@@ -125,7 +127,8 @@ def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
     assert any(message.startswith(f"The upgrade to {NEW} failed - builder: ") and
                f"Every node is back on {old['build_id']} ({OLD}) and the cluster serves" in message
                for message in failure_messages(output)), failure_messages(output)
-    assert "PLAY [Upgrade - roll back]" in output
+    # Every node went to the one rescue together and was switched back.
+    assert re.search(r"^TASK \[llama_upgrade : Restore the saved build and units\]", output, re.M), output[-3000:]
     assert_serving(builder, node, old, before["answer"])
     # The new build stays staged beside the old one for the next try.
     assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
