@@ -108,6 +108,16 @@ def http_json(host, port, path, body=None, timeout=120, key=API_KEY):
     return json.loads(text)
 
 
+def wait_restarted(host, pid, unit="llama-server.service", timeout=60):
+    """Until `unit` on `host` runs as another process than `pid` (a restart by the watch, systemd or a play)."""
+    deadline = time.monotonic() + timeout
+    while host.check_output(f"systemctl show -p MainPID --value {unit}") in ("0", str(pid)):
+        assert time.monotonic() < deadline, (
+            f"{unit} was not restarted within {timeout} s:\n"
+            + host.run(f"journalctl -n 30 --no-pager -u llama-server-watch -u {unit}; ss -tan").stdout)
+        time.sleep(0.2)
+
+
 def wait_health(host, port, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -118,7 +117,8 @@ def test_each_worker_holds_its_layers(master, workers, server_args):
         idle_server = "/opt/llama.cpp/current/bin/ggml-rpc-server -H 127.0.0.1 -p 50999"
         idle = worker.run(f"runuser -u llama -- timeout 20 {idle_server} >/dev/null 2>&1 &")
         assert idle.rc == 0
-        time.sleep(2)
+        listening = "for i in $(seq 200); do ss -Hltn 'sport = :50999' | grep -q . && exit 0; sleep 0.1; done; exit 1"
+        assert worker.run(listening).rc == 0, "the idle RPC server did not listen within 20 s"
         # The server process itself (not runuser or timeout): its command line is exactly this.
         idle_pid = int(worker.check_output(f"pgrep -fx '{idle_server}'"))
         baseline = _rss_kib(worker, idle_pid)

@@ -10,7 +10,7 @@ from shlex import quote
 
 import pytest
 from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, listeners, main_pid, recap,
-                             run_playbook, wait_health)
+                             run_playbook, wait_health, wait_restarted)
 
 INTERNAL_PORT = 8081
 # A stream (llama-server's SSE) read until its third event, when the script kills llama-server; then it reads on
@@ -71,12 +71,20 @@ def test_no_request_fails_while_the_cluster_restarts(master, workers, capsys):
     worker = workers[WORKERS[0]]
     front = main_pid(master, "llama-front.service")
     with ApiClients(master) as clients:
+        # Each kill ends in a new llama-server (systemd, or the watch), which then serves; then a few seconds more
+        # of the event's window.
+        pid = main_pid(master, "llama-server.service")
         clients.event("llama-server killed (SIGKILL)")
-        master.check_output(f"kill -KILL {main_pid(master, 'llama-server.service')}")
-        time.sleep(12)
+        master.check_output(f"kill -KILL {pid}")
+        wait_restarted(master, pid)
+        wait_health(master, SERVER_PORT)
+        time.sleep(4)
+        pid = main_pid(master, "llama-server.service")
         clients.event("worker1's RPC server killed (SIGKILL)")
         worker.check_output(f"kill -KILL {main_pid(worker, 'llama-rpc-server.service')}")
-        time.sleep(12)
+        wait_restarted(master, pid)
+        wait_health(master, SERVER_PORT)
+        time.sleep(4)
         clients.event("site.yml: a setting changed, front reloaded")
         output = site("-e", json.dumps({"llama_server_batch_size": 1024, "llama_front_retry_after": 11}))
         assert recap(output)["master"]["changed"] > 0
