@@ -7,45 +7,6 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-DOCUMENTATION = r"""
-name: llama_port_conflicts
-short_description: The listening TCP sockets that hold a port the cluster needs, owned by something else
-description:
-  - Parses C(ss -Hltnpe) (listening TCP sockets, their processes where visible, and their cgroup) and
-    returns, for each wanted port, the sockets listening on it that do not belong to the systemd unit allowed
-    there (the cluster's own service, which a restart frees).
-  - The unit is read from the socket's cgroup (C(.../system.slice/NAME.service)), which C(ss) shows even
-    where the processes of other users are not visible (containers without CAP_SYS_PTRACE).
-positional: wanted
-options:
-  _input:
-    description: The output of C(ss -Hltnpe).
-    type: str
-    required: true
-  wanted:
-    description: >-
-      C({variable, port, unit}) per port, C(unit) the systemd unit allowed to hold it, or a list of the units
-      that may (the RPC port: the RPC server, or the TLS terminator in front of it).
-    type: list
-    elements: dict
-    required: true
-"""
-
-EXAMPLES = r"""
-conflicts: >-
-  {{ __ss.stdout | llama_port_conflicts([{'variable': 'llama_server_port', 'port': 8080,
-                                          'unit': 'llama-server.service'}]) }}
-"""
-
-RETURN = r"""
-_value:
-  description: >-
-    C({variable, port, address, holder}) per conflicting socket; C(holder) names its processes where visible,
-    else its systemd unit, else "another program".
-  type: list
-  elements: dict
-"""
-
 _PROCESS = re.compile(r'\("([^"]+)",pid=\d+')
 _CGROUP = re.compile(r"\bcgroup:(\S+)")
 

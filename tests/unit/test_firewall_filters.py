@@ -1,11 +1,8 @@
 """The cluster's firewall rules in each backend's terms (filter_plugins/llama_firewall.py)."""
 
-import inspect
-from pathlib import Path
 
 import llama_firewall
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
 from llama_firewall import (
     llama_firewall_invalid_sources,
@@ -88,14 +85,7 @@ def test_bad_rules_name_the_field(render, rules, message):
         render(rules)
 
 
-def test_filters_are_registered_and_documented():
+def test_filters_are_registered():  # their documentation: test_filter_docs.py
     filters = llama_firewall.FilterModule().filters()
     names = ["llama_firewall_invalid_sources", "llama_firewall_nft", "llama_firewall_rich_rules", "llama_firewall_ufw"]
     assert filters == {name: getattr(llama_firewall, name) for name in names}
-    for name, function in filters.items():
-        doc = yaml.safe_load((Path(llama_firewall.__file__).parent / f"{name}.yml").read_text())
-        assert doc["DOCUMENTATION"]["name"] == name
-        parameters = list(inspect.signature(function).parameters)
-        assert list(doc["DOCUMENTATION"]["options"]) == ["_input", *parameters[1:]], name
-        assert yaml.safe_load(doc["EXAMPLES"])
-        assert doc["RETURN"]["_value"]["description"]

@@ -1,11 +1,8 @@
 """The link measurement's filters: iperf3's JSON and the round-trip probe as rows, verdicts and a table."""
 
-import inspect
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
 
 import llama_link
@@ -136,14 +133,6 @@ def test_table():
         llama_link_table(None)
 
 
-def test_filters_are_registered_and_documented():
+def test_filters_are_registered():  # their documentation: test_filter_docs.py
     filters = llama_link.FilterModule().filters()
     assert filters == {"llama_link_rows": llama_link_rows, "llama_link_table": llama_link_table}
-    for name, function in filters.items():
-        doc = yaml.safe_load((Path(llama_link.__file__).parent / f"{name}.yml").read_text())
-        assert doc["DOCUMENTATION"]["name"] == name
-        parameters = list(inspect.signature(function).parameters)
-        assert list(doc["DOCUMENTATION"]["options"]) == ["_input", *parameters[1:]], name
-        assert doc["DOCUMENTATION"].get("positional", "") == ", ".join(parameters[1:]), name
-        assert yaml.safe_load(doc["EXAMPLES"])
-        assert doc["RETURN"]["_value"]["description"]
