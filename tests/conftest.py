@@ -20,6 +20,7 @@ SLOWEST_TESTS = {}
 TIMELINE = {}
 CPU = {"host": collections.defaultdict(float), "containers": {}, "load": []}
 FAILURES = {}
+FIGURES = {}
 
 
 def pytest_configure(config):
@@ -62,6 +63,13 @@ def cpu():
     """CPU seconds per scenario on this machine's side (molecule, ansible-playbook, docker) and in its containers,
     and the machine's busy CPU sampled every 10 s: printed at the end."""
     return CPU
+
+
+@pytest.fixture(scope="session")
+def figures():
+    """{scenario: the figures its verify step's tests measured (suite_report.figures)}, printed at the end, passed
+    or failed."""
+    return FIGURES
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +124,11 @@ def pytest_terminal_summary(terminalreporter):
         converge, rerun = steps["converge"], steps["idempotence"]
         terminalreporter.write_line(f"{name:18} converge {converge:7.1f} s   no-op re-run {rerun:6.1f} s   "
                                     f"ratio {rerun / converge:.3f}")
+    for name, lines in FIGURES.items():
+        if lines:
+            terminalreporter.section(f"figures measured by {name}'s tests (this run)")
+            for line in lines:
+                terminalreporter.write_line(line)
     for name, lines in FAILURES.items():
         terminalreporter.section(f"what failed in {name}")
         for line in lines:

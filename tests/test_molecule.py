@@ -73,8 +73,13 @@ def plain_lines(output):
     return [re.sub(r"^\s*│ ?", "", re.sub(r"\x1b\[[0-9;]*m", "", raw)) for raw in output.splitlines()]
 
 
+def measured(output):
+    """The figures a verify step's tests recorded (suite_report.figures), without their prefix."""
+    return [line[len("figure: "):] for line in plain_lines(output) if line.startswith("figure: ")]
+
+
 def slowest(output):
-    """The `--durations` lines of a verify step's pytest run and its heaviest tests by CPU (cpu_per_test.py), whole:
+    """The `--durations` lines of a verify step's pytest run and its heaviest tests by CPU (suite_report.py), whole:
     the steps run without molecule's framed output (NO_COLOR, Lanes.molecule), which wraps long lines."""
     return [" ".join(line.split()) for line in plain_lines(output)
             if re.match(r"^\d+\.\d+s (call|setup|teardown)\b|^\d+\.\d+ cpu-s ", line)]
@@ -83,8 +88,9 @@ def slowest(output):
 class Lanes:
     """Runs the selected scenarios in their lanes, each in a thread; `result(name)` waits for one."""
 
-    def __init__(self, project, selected, step_times, slowest_tests, timeline, cpu):
+    def __init__(self, project, selected, step_times, slowest_tests, timeline, cpu, figures):
         self.project, self.step_times, self.slowest_tests, self.timeline = project, step_times, slowest_tests, timeline
+        self.figures = figures
         self.cpu = cpu
         self.selected = selected
         self.ended = {(name, step): threading.Event() for name in SCENARIOS for step in STEPS}
@@ -158,6 +164,7 @@ class Lanes:
                 outputs.append(output)
                 if step == "verify":
                     self.slowest_tests[name] = slowest(output)
+                    self.figures[name] = measured(output)
                 if code != 0:
                     failure = f"molecule {step} -s {name} failed (output above)"
                     break
@@ -208,12 +215,12 @@ def machine_cpu():
 
 
 @pytest.fixture(scope="session")
-def lanes(request, project, step_times, slowest_tests, timeline, cpu):
+def lanes(request, project, step_times, slowest_tests, timeline, cpu, figures):
     if not os.environ.get("LLAMA_TEST_IMAGE"):
         pytest.fail("LLAMA_TEST_IMAGE is not set: run through `make test` (it builds the image and fixtures)")
     selected = {item.callspec.params["scenario"] for item in request.session.items
                 if item.originalname == "test_scenario" and hasattr(item, "callspec")} - set(skipped_optional())
-    runner = Lanes(project, selected, step_times, slowest_tests, timeline, cpu)
+    runner = Lanes(project, selected, step_times, slowest_tests, timeline, cpu, figures)
     runner.start()
     yield runner
     if not all(event.is_set() for event in runner.done.values()):

@@ -1,5 +1,5 @@
 """CPU seconds used by a scenario's containers so far: the suite's summary (tests/test_molecule.py) and the verify
-steps' per-test figures (cpu_per_test.py) read the same cgroup counters."""
+steps' per-test figures (suite_report.py) read the same cgroup counters."""
 
 import os
 import re

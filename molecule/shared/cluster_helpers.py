@@ -10,6 +10,7 @@ from pathlib import Path
 from shlex import quote
 
 import pytest
+from suite_report import figures
 import testinfra.utils.ansible_runner
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
@@ -382,22 +383,17 @@ class ApiClients:
         """{event: the longest latency of a request started during it, over every group} (s)."""
         return {event: max(row["max"] for row in rows.values()) for event, rows in self.windows()}
 
-    def report(self, title, capsys=None):
-        """One line per event and group, printed (the test's figures: past pytest's capture with `capsys`) and
-        returned."""
-        lines = [title]
+    def report(self, title):
+        """One line per event and group: the test's figures (suite_report.figures: the suite's summary shows
+        them), returned."""
+        lines = []
         for event, rows in self.windows():
             for group, row in rows.items():
                 outage = "-" if row["outage"] is None else f"{row['outage']:.1f} s"
                 lines.append(f"  {event:40} {group:9} {row['requests']:4} requests {row['failed']:2} failed; latency "
                              f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "
                              f"first answer after {outage}")
-        if capsys is None:
-            print("\n" + "\n".join(lines))
-        else:
-            with capsys.disabled():
-                print("\n" + "\n".join(lines))
-        return lines
+        return figures(title, lines)
 
 
 def monotonic(host):

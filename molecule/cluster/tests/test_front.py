@@ -65,7 +65,7 @@ def site(*args, tags="master"):
     return output
 
 
-def test_no_request_fails_while_the_cluster_restarts(master, workers, capsys):
+def test_no_request_fails_while_the_cluster_restarts(master, workers):
     """One client asking every 0.5 s and 8 concurrent clients, through: llama-server killed, a worker killed,
     site.yml restarting llama-server (a changed setting) and reloading the front (a changed front setting)."""
     worker = workers[WORKERS[0]]
@@ -89,7 +89,7 @@ def test_no_request_fails_while_the_cluster_restarts(master, workers, capsys):
         output = site("-e", json.dumps({"llama_server_batch_size": 1024, "llama_front_retry_after": 11}))
         assert recap(output)["master"]["changed"] > 0
         time.sleep(5)
-    clients.report("through the front (SmolLM2 over two workers):", capsys)
+    clients.report("through the front (SmolLM2 over two workers):")
     assert clients.failed() == {name: [] for name, *_ in clients.groups}
     # Held, not hung: the restarts' work (stop within TimeoutStopSec, workers, model load) takes seconds here; a
     # request held as long as systemd's 90 s stop timeout (llama-server under load never ends on SIGTERM) fails this.

@@ -12,6 +12,7 @@ import pytest
 from cluster_helpers import (SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect, failure_messages, http_json,
                              main_pid, measure_serving, option, recap, run_playbook, single_process_completion,
                              wait_health)
+from suite_report import figures
 
 MODELS = Path(os.environ["LLAMA_CACHE_DIR"]) / "models"
 SMOLLM2_SHA256 = os.environ["LLAMA_MODEL_SMOLLM2_SHA256"]
@@ -88,13 +89,13 @@ def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
     LOADS["stage"] = measure_serving(master, runs=3)["load_s"]
 
 
-def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas, capsys):
+def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
     nas.check_output("cp /srv/nas/cluster.gguf /srv/nas/current.gguf.part && mv /srv/nas/current.gguf.part "
                      "/srv/nas/current.gguf")
     with ApiClients(master) as clients:  # the front holds their requests through the restart
         clients.event("site.yml: a new model at the same path")
         result, output = deploy(llama_model_path="/mnt/models/current.gguf")
-    clients.report("clients through the front, a new model at the same path:", capsys)
+    clients.report("clients through the front, a new model at the same path:")
     assert result.returncode == 0, output[-4000:]
     assert clients.failed() == {name: [] for name, *_ in clients.groups}
     # Held, not hung: the restarts' work (stop within TimeoutStopSec, workers, model load) takes seconds here; a
@@ -132,8 +133,9 @@ def test_direct_mode_reads_the_share_without_mmap(master, workers):
     # The workers' tensor cache was held under its 1 MiB cap, and the play said so.
     assert re.search(r"worker\d: rpc cache /var/cache/llama.cpp: \d+ entr(y|ies), .* of 1\.0 MiB cap; removed", output)
     LOADS["direct"] = measure_serving(master, runs=3)["load_s"]
-    print(f"\nSmolLM2-135M Q4_1 load (restart -> /health 200, median of 3) staged on local disk: "
-          f"{LOADS.get('stage', float('nan')):.2f} s; direct from sshfs without mmap: {LOADS['direct']:.2f} s")
+    figures("SmolLM2-135M Q4_1 load (restart -> /health 200, median of 3)",
+            [f"staged on local disk: {LOADS.get('stage', float('nan')):.2f} s; direct from sshfs without mmap: "
+             f"{LOADS['direct']:.2f} s"])
 
 
 def test_a_model_staged_ahead_is_switched_to_without_copying(master):

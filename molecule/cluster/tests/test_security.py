@@ -6,6 +6,7 @@ import re
 import pytest
 from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, connect, http, http_json,
                              main_pid, option, recap, run_playbook, service_pids, wait_health)
+from suite_report import figures
 
 # Every endpoint family llama-server has, by method; only /health (and its /v1 alias) is public.
 PROTECTED = [("GET", "/v1/models"), ("GET", "/models"), ("GET", "/props"), ("GET", "/metrics"), ("GET", "/slots"),
@@ -113,11 +114,12 @@ def exposure(host, unit):
 def test_units_are_sandboxed(master, workers, record_property):
     """Figures for the README; the worker, which faces the network with no authentication, must be "OK" or
     better (exposure < 2)."""
-    figures = {"llama-server.service": exposure(master, "llama-server.service")}
+    exposures = {"llama-server.service": exposure(master, "llama-server.service")}
     for name in WORKERS:
-        figures[f"llama-rpc-server.service ({name})"] = exposure(workers[name], "llama-rpc-server.service")
-    print("\n".join(f"systemd-analyze security {unit}: {value} {word}" for unit, (value, word) in figures.items()))
-    for unit, (value, word) in figures.items():
+        exposures[f"llama-rpc-server.service ({name})"] = exposure(workers[name], "llama-rpc-server.service")
+    figures("systemd-analyze security (exposure, lower is better)",
+                [f"{unit}: {value} {word}" for unit, (value, word) in exposures.items()])
+    for unit, (value, word) in exposures.items():
         record_property(unit, value)
         assert word in ("OK", "SAFE") and value < 2.0, (unit, value, word)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import RPC_PORT, ApiClients, address, measure_serving, option, run_playbook
+from suite_report import figures
 from tls_helpers import cluster_completion, local_endpoints, network_endpoints, server_args
 
 REPORT = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "tls-vs-plain.json"
@@ -18,7 +19,7 @@ def converge(*args):
 
 
 @pytest.fixture(scope="module")
-def figures(master, workers):
+def measured(master, workers):
     found = {"tls": measure_serving(master, runs=3), "tls_output": cluster_completion(master)["content"]}
     converge("-e", "llama_rpc_transport=plain")
     found["plain_args"] = server_args(master)
@@ -38,31 +39,31 @@ def figures(master, workers):
     return found
 
 
-def test_switch_to_plain_removes_the_tls_layer(figures, workers):
-    assert option(figures["plain_args"], "--rpc") == ",".join(network_endpoints(workers))
-    assert not any(figures["plain_units"].values())
-    assert figures["plain_listeners"] == {name: f"{address(host)}:{RPC_PORT}" for name, host in workers.items()}
+def test_switch_to_plain_removes_the_tls_layer(measured, workers):
+    assert option(measured["plain_args"], "--rpc") == ",".join(network_endpoints(workers))
+    assert not any(measured["plain_units"].values())
+    assert measured["plain_listeners"] == {name: f"{address(host)}:{RPC_PORT}" for name, host in workers.items()}
 
 
-def test_no_request_fails_during_the_switch_to_tls(figures):
-    assert all(failed == [] for failed in figures["switch_failed"].values()), figures["switch_failed"]
+def test_no_request_fails_during_the_switch_to_tls(measured):
+    assert all(failed == [] for failed in measured["switch_failed"].values()), measured["switch_failed"]
 
 
-def test_switch_back_to_tls(figures, master, workers):
-    assert option(figures["back_args"], "--rpc") == ",".join(local_endpoints())
+def test_switch_back_to_tls(measured, master, workers):
+    assert option(measured["back_args"], "--rpc") == ",".join(local_endpoints())
     for worker in workers.values():
         assert worker.service("llama-rpc-tls.service").is_running
 
 
-def test_same_greedy_output_with_both_transports(figures):
-    assert figures["tls_output"] == figures["plain_output"] == figures["back_output"]
+def test_same_greedy_output_with_both_transports(measured):
+    assert measured["tls_output"] == measured["plain_output"] == measured["back_output"]
 
 
-def test_print_tls_vs_plain(figures, capsys):
-    with capsys.disabled():
-        print(f"\n{'transport':10} {'model load (s)':>16} {'decode 64 tok (t/s)':>20}   runs")
-        for name in ("plain", "tls"):
-            row = figures[name]
-            print(f"{name:10} {row['load_s']:16.2f} {row['decode_tps']:20.1f}   load {row['loads_s']} "
-                  f"decode {[round(value, 1) for value in row['decodes_tps']]}")
-    assert all(figures[name]["decode_tps"] > 0 for name in ("plain", "tls"))
+def test_print_tls_vs_plain(measured):
+    lines = [f"{'transport':10} {'model load (s)':>16} {'decode 64 tok (t/s)':>20}   runs"]
+    for name in ("plain", "tls"):
+        row = measured[name]
+        lines.append(f"{name:10} {row['load_s']:16.2f} {row['decode_tps']:20.1f}   load {row['loads_s']} "
+                     f"decode {[round(value, 1) for value in row['decodes_tps']]}")
+    figures("tls vs plain on the same containers (medians of 3)", lines)
+    assert all(measured[name]["decode_tps"] > 0 for name in ("plain", "tls"))

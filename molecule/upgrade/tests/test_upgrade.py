@@ -140,12 +140,12 @@ def clients(builder):
     return ApiClients(builder, key=None)
 
 
-def assert_no_request_failed(clients, title, capsys):
-    clients.report(title, capsys)
+def assert_no_request_failed(clients, title):
+    clients.report(title)
     assert clients.failed() == {name: [] for name, *_ in clients.groups}
 
 
-def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before, capsys):
+def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before):
     with clients(builder) as asking:
         asking.event(f"upgrade.yml {OLD[:7]} -> {NEW[:7]}")
         result, output = upgrade()
@@ -159,7 +159,7 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
                                         output).groups())
     # Every client's requests were answered: the front held those sent during the switch.
     assert_no_request_failed(asking, f"through the front (outage reported by the play {outage} s, of which the "
-                                     f"model load {load} s):", capsys)
+                                     f"model load {load} s):")
 
 
 def test_verify_names_a_node_switched_by_hand(node):
@@ -192,7 +192,7 @@ def test_the_upgrade_again_does_nothing(builder):
     assert main_pid(builder, "llama-server.service") == pid
 
 
-def test_the_cluster_heals_itself(builder, node, before, capsys):
+def test_the_cluster_heals_itself(builder, node, before):
     """A worker killed while no request runs, then under the clients' requests: a worker killed, a worker host
     restarted, the master killed. Each time the cluster answers again with no human action."""
     # Idle: llama-server-watch sees the worker's end of the connection closed and restarts the master before a
@@ -220,18 +220,18 @@ def test_the_cluster_heals_itself(builder, node, before, capsys):
             time.sleep(5)  # the window of this event: the held requests are answered, then some more
     assert_no_request_failed(asking, f"self-healing (SmolLM2 over one worker), through the front; idle before: a "
                                      f"worker killed, the master restarted by the watch {restarted:.1f} s after and "
-                                     f"serving {serving:.1f} s after:", capsys)
+                                     f"serving {serving:.1f} s after:")
     watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
     assert "worker connection(s) closed by the worker" in watch
 
 
-def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before, capsys):
+def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, before):
     with clients(builder) as asking:
         asking.event(f"upgrade.yml -e llama_rollback=true ({NEW[:7]} -> {OLD[:7]})")
         result = run_playbook("upgrade.yml", "-e", "llama_rollback=true")
         time.sleep(3)
     output = result.stdout + result.stderr
-    assert_no_request_failed(asking, "through the front:", capsys)
+    assert_no_request_failed(asking, "through the front:")
     assert result.returncode == 0, output[-3000:]
     old = before["builds"]["node"]
     assert f"Every node is back on {old['build_id']} and the cluster serves." in output

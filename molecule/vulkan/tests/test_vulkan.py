@@ -11,6 +11,7 @@ import pytest
 from cluster_helpers import (PROJECT, SERVER_PORT, address, assert_refused_in_preflight, cmdline, container,
                              http_json, journal_tail, main_pid, option, placement, rpc_server_crashes, run_playbook,
                              service_state, single_process_completion, stop_server_on, wait_health)
+from suite_report import figures
 
 SINGLE_PORT = 18181
 PROMPT = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "seed": 1234,
@@ -55,7 +56,8 @@ def test_the_vulkan_build_reuses_what_the_cpu_build_compiled():
     assert counts.get("vulkan"), ledger
     _, cpu_total = map(int, counts["cpu"].groups())
     hits, total = map(int, counts["vulkan"].groups())
-    print(f"\nccache: the CPU build compiled {cpu_total}; the Vulkan build {total}, of which {hits} from the cache")
+    figures("the compiler cache", [f"the CPU build compiled {cpu_total}; the Vulkan build {total}, of which {hits} "
+                                   "from the cache"])
     assert hits >= 0.9 * cpu_total, ledger
 
 

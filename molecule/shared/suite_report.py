@@ -1,7 +1,11 @@
-"""A pytest plugin of the verify steps (molecule's verifier loads it with -p): the CPU time each test used, this
-machine's side (the test process and the programs it ran and waited for: ansible-playbook, ssh, docker) and the
-scenario's containers (their cgroups), for the heaviest tests in the suite's summary. The suite is CPU-bound: its
-length is the sum of this over all tests divided by the cores, so these figures, not durations, say what to cut."""
+"""A pytest plugin of the verify steps (molecule's verifier loads it with -p), for the suite's summary:
+- the CPU time each test used, this machine's side (the test process and the programs it ran and waited for:
+  ansible-playbook, ssh, docker) and the scenario's containers (their cgroups), for the heaviest tests. The suite
+  is CPU-bound: its length is the sum of this over all tests divided by the cores, so these figures, not
+  durations, say what to cut;
+- the figures tests measure (`figures(title, lines)`: latencies through restarts, load times, speeds), printed
+  at the end of the verify step and by the suite's summary, whether the scenario passes or fails.
+"""
 
 import os
 import resource
@@ -12,6 +16,8 @@ from cgroup_cpu import container_ids, containers_cpu
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "")
 SHOWN = 12
 USED = {}
+FIGURES = []  # (test, title, lines)
+PREFIX = "figure: "
 CONTAINERS = []  # the scenario's container ids, read once (no `docker ps` around every test)
 
 
@@ -24,6 +30,12 @@ def pytest_sessionstart():
     CONTAINERS.extend(container_ids(SCENARIO))
 
 
+def figures(title, lines):
+    """Record a test's measured figures (a title, then one line each) for the summaries; returns the lines."""
+    FIGURES.append((os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], title, list(lines)))
+    return lines
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
     host, inside = _host_cpu(), containers_cpu(SCENARIO, CONTAINERS)
@@ -32,6 +44,12 @@ def pytest_runtest_protocol(item):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("figures measured")
+        for test, title, lines in FIGURES:
+            terminalreporter.write_line(f"{PREFIX}{title} ({test.rsplit('/', 1)[-1]})")
+            for line in lines:
+                terminalreporter.write_line(f"{PREFIX}  {line}")
     if not USED:
         return
     terminalreporter.section("CPU per test (seconds: this machine + containers)")
