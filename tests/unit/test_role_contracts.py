@@ -6,6 +6,7 @@ Roles are discovered under roles/*/, never named here: the checks follow renames
 
 from __future__ import annotations
 
+import re
 import copy
 import difflib
 import functools
@@ -556,3 +557,29 @@ def test_asserts_fail_with_their_message_only(path):
             if "ansible.builtin.assert" in task
             and (task["ansible.builtin.assert"] or {}).get("quiet") is not True]
     assert not loud, f"{path}: asserts without quiet: true: {loud}"
+
+
+# Task keywords that do not print what they hold (only a module's arguments and results are printed).
+_KEYWORDS = {"name", "when", "no_log", "tags", "notify", "register", "changed_when", "failed_when", "loop",
+             "run_once", "delegate_to", "become", "vars", "check_mode", "until", "retries", "delay", "listen"}
+# The API key's value in a template (not `llama_api_key | length`, which only says whether there is one).
+_API_KEY_VALUE = re.compile(r"\bllama_api_key\b(?!\s*\|\s*length)")
+
+
+@pytest.mark.parametrize("path", sorted(str(path.relative_to(ROOT)) for path in
+                                        [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("roles/*/handlers/*.yml"),
+                                         *ROOT.glob("playbooks/*.yml")]))
+def test_tasks_that_handle_the_api_key_do_not_log(path):
+    """A task whose module arguments hold the API key's value (a file's content, a request's header) has `no_log`:
+    else `-v` prints the key, and the results land in every callback. Removing `no_log` from one fails here."""
+    loud = [task.get("name") for task in _tasks(yaml.safe_load((ROOT / path).read_text()))
+            if "block" not in task
+            and _API_KEY_VALUE.search(str({key: value for key, value in task.items() if key not in _KEYWORDS}))
+            and task.get("no_log") in (None, False, "false")]
+    assert not loud, f"{path}: tasks holding llama_api_key's value without no_log: {loud}"
+
+
+def test_the_api_key_check_sees_a_task_without_no_log():
+    task = {"name": "Store the key", "ansible.builtin.copy": {"content": "{{ llama_api_key }}\n", "dest": "/x"}}
+    assert _API_KEY_VALUE.search(str({key: value for key, value in task.items() if key not in _KEYWORDS}))
+    assert not _API_KEY_VALUE.search(str({"when": "llama_api_key | length > 0"}))
