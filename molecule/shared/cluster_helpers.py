@@ -222,10 +222,29 @@ def rpc_server_crashes(workers, since="-1d"):
 
 
 def order_tests(items, order):
-    """Sort collected tests by their file's place in `order` (files not named run last)."""
-    def rank(item):
-        return order.index(item.path.name) if item.path.name in order else len(order)
-    items.sort(key=rank)
+    """Sort collected tests by their file's place in `order`; a test file `order` does not name is an error (its
+    place is decided, not left to the alphabet)."""
+    unplaced = sorted({item.path.name for item in items} - set(order))
+    if unplaced:
+        raise pytest.UsageError(f"test files without a place in the scenario's ORDER (tests/conftest.py): {unplaced}")
+    items.sort(key=lambda item: order.index(item.path.name))
+
+
+class Chain:
+    """Tests that each start from the state the one before left (a conftest wires `setup` and `report` to pytest's
+    runtest_setup and runtest_makereport hooks): after the first failure the others are skipped, naming it, instead
+    of failing on a state nobody meant."""
+
+    def __init__(self):
+        self.broken = None
+
+    def setup(self, item):
+        if self.broken:
+            pytest.skip(f"the chain broke at {self.broken}: this test starts from the state that test leaves")
+
+    def report(self, item, call):
+        if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and not self.broken:
+            self.broken = item.nodeid
 
 
 def placement(master):
