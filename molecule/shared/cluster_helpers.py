@@ -379,6 +379,10 @@ class ApiClients:
         """{group: the requests not answered 200 with tokens}."""
         return {name: [r for r in requests if r[2] != 200 or r[3]] for name, requests in self.results.items()}
 
+    def assert_none_failed(self):
+        """Every request of every group was answered (the failed ones, if any, in the message)."""
+        assert self.failed() == {name: [] for name, *_ in self.groups}
+
     def figures(self, since, until):
         """Per group, the requests started in [since, until): count, failed, latency p50/p99/max (s), and the
         outage: from `since` to the first answer of a request sent after it."""

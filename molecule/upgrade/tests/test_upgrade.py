@@ -140,11 +140,6 @@ def clients(builder):
     return ApiClients(builder, key=None)
 
 
-def assert_no_request_failed(clients, title):
-    clients.report(title)
-    assert clients.failed() == {name: [] for name, *_ in clients.groups}
-
-
 def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before):
     with clients(builder) as asking:
         asking.event(f"upgrade.yml {OLD[:7]} -> {NEW[:7]}")
@@ -158,8 +153,8 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
                                         r"model load \(llama-server started -> /health 200\) ([\d.]+) s",
                                         output).groups())
     # Every client's requests were answered: the front held those sent during the switch.
-    assert_no_request_failed(asking, f"through the front (outage reported by the play {outage} s, of which the "
-                                     f"model load {load} s):")
+    asking.report(f"through the front (outage reported by the play {outage} s, of which the model load {load} s):")
+    asking.assert_none_failed()
 
 
 def test_verify_names_a_node_switched_by_hand(node):
@@ -218,9 +213,9 @@ def test_the_cluster_heals_itself(builder, node, before):
             wait_restarted(builder, master_pid)
             wait_health(builder, SERVER_PORT)
             time.sleep(5)  # the window of this event: the held requests are answered, then some more
-    assert_no_request_failed(asking, f"self-healing (SmolLM2 over one worker), through the front; idle before: a "
-                                     f"worker killed, the master restarted by the watch {restarted:.1f} s after and "
-                                     f"serving {serving:.1f} s after:")
+    asking.report(f"self-healing (SmolLM2 over one worker), through the front; idle before: a worker killed, the "
+                  f"master restarted by the watch {restarted:.1f} s after and serving {serving:.1f} s after:")
+    asking.assert_none_failed()
     watch = builder.check_output("journalctl -u llama-server-watch.service -o cat --no-pager")
     assert "worker connection(s) closed by the worker" in watch
 
@@ -231,7 +226,8 @@ def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, befo
         result = run_playbook("upgrade.yml", "-e", "llama_rollback=true")
         time.sleep(3)
     output = result.stdout + result.stderr
-    assert_no_request_failed(asking, "through the front:")
+    asking.report("through the front:")
+    asking.assert_none_failed()
     assert result.returncode == 0, output[-3000:]
     old = before["builds"]["node"]
     assert f"Every node is back on {old['build_id']} and the cluster serves." in output
