@@ -18,7 +18,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv bytecode docker ssh image fixtures lint unit docs molecule test test-cuda demo demo-down clean
+.PHONY: help venv bytecode docker ssh image fixtures lint unit checks docs molecule test test-cuda demo demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -69,8 +69,12 @@ unit: venv  ## Python unit tests (planner, filters, actions, role contracts, GGU
 docs: venv  ## regenerate the variable tables of the role READMEs from their argument_specs
 	$(VENV)/bin/python tools/role_docs.py --write
 
-test: venv bytecode fixtures lint  ## everything: lint, unit tests, molecule scenarios
-	source $(FIXTURES_ENV); pytest -v -p no:cacheprovider tests/
+# The tests that need no container: the inventory preflight tests and the unit tests (tests/ without the scenarios).
+checks: lint  ## lint, then every test that needs no container (make test runs them beside the scenarios)
+	source $(FIXTURES_ENV) 2>/dev/null || true; pytest -v -p no:cacheprovider tests --ignore=tests/test_molecule.py
+
+test: venv bytecode fixtures  ## everything: the molecule scenarios, and make checks beside them (tools/test-suite.sh)
+	source $(FIXTURES_ENV); tools/test-suite.sh
 
 test-cuda: venv bytecode fixtures  ## the CUDA backend built and installed (not in `make test`: ~25 min on 2 cores; needs nvcc)
 	source $(FIXTURES_ENV); export LLAMA_CUDA_TOOLKIT=$$($(VENV)/bin/python tools/fixtures.py cuda-toolkit); \

@@ -1,7 +1,9 @@
-"""Suite-wide settings: the project root, a fresh controller artifact cache per suite run, step timings.
+"""Suite-wide settings: the project root, a fresh controller artifact cache per run of the scenarios, step timings.
 
 The cache is shared by every scenario of one run (llama.cpp is compiled once per suite and reused) and
-emptied at the start of the next run, so the cluster scenario's compile count is measured from zero.
+emptied when the next run's scenarios start (fresh_caches(), from tests/test_molecule.py), so the cluster scenario's
+compile count is measured from zero. The tests without containers (make checks) run beside the scenarios and
+leave it alone.
 """
 
 import collections
@@ -23,15 +25,22 @@ FAILURES = {}
 FIGURES = {}
 
 
-def pytest_configure(config):
-    # The suite's artifacts and compiler cache start empty: every tree it needs is compiled once per run.
+def fresh_caches():
+    """The suite's artifact and compiler caches, emptied: every tree the scenarios need is compiled once per run. An
+    environment variable that names another cache (a developer's warm one) is left as it is."""
     caches = {"LLAMA_ARTIFACT_CACHE": PROJECT / ".cache" / "suite-artifacts",
               "LLAMA_CCACHE": PROJECT / ".cache" / "suite-ccache"}
     for variable, cache in caches.items():
-        if not hasattr(config, "workerinput"):
+        if variable not in os.environ:
             shutil.rmtree(cache, ignore_errors=True)
             cache.mkdir(parents=True)
-        os.environ.setdefault(variable, str(cache))
+            os.environ[variable] = str(cache)
+
+
+@pytest.fixture(scope="session")
+def suite_caches():
+    """The caches the scenarios share (fresh_caches()), set up once before they start."""
+    fresh_caches()
 
 
 @pytest.fixture(scope="session")

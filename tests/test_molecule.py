@@ -215,7 +215,7 @@ def machine_cpu():
 
 
 @pytest.fixture(scope="session")
-def lanes(request, project, step_times, slowest_tests, timeline, cpu, figures):
+def lanes(request, suite_caches, project, step_times, slowest_tests, timeline, cpu, figures):
     if not os.environ.get("LLAMA_TEST_IMAGE"):
         pytest.fail("LLAMA_TEST_IMAGE is not set: run through `make test` (it builds the image and fixtures)")
     selected = {item.callspec.params["scenario"] for item in request.session.items

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make test: the molecule scenarios (pytest tests/test_molecule.py, in lanes) and, beside them at the priority of the
+# lanes' background steps, the checks that need no container (make checks: yamllint, ansible-lint, the unit and
+# inventory tests). The suite is CPU-bound and its cores are busy until its last lanes wind down: run one after the
+# other, the checks added about 3 minutes to it; beside the scenarios they take the cores those leave.
+# Their output is kept in .cache/checks.log (tail -f it to follow them) and printed after the scenarios' summary.
+# Exit status: 0 when both passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+log=.cache/checks.log
+mkdir -p .cache
+# A session of its own (an autogroup the kernel schedules as one), lowered as the lanes' background steps are.
+setsid bash -c 'echo 10 > /proc/self/autogroup 2>/dev/null; exec nice -n 10 make --no-print-directory checks' \
+  > "$log" 2>&1 < /dev/null &
+checks=$!
+trap 'kill -TERM -- "-$checks" 2>/dev/null' INT TERM
+pytest -v -p no:cacheprovider tests/test_molecule.py
+scenarios=$?
+wait "$checks"
+checked=$?
+trap - INT TERM
+echo
+echo "=============== make checks (beside the scenarios; log: $log) ==============="
+cat "$log"
+echo
+echo "make test: scenarios $([ "$scenarios" -eq 0 ] && echo passed || echo "FAILED ($scenarios)"), checks" \
+     "$([ "$checked" -eq 0 ] && echo passed || echo "FAILED ($checked)")"
+[ "$scenarios" -eq 0 ] && [ "$checked" -eq 0 ]
