@@ -1,13 +1,17 @@
-"""Filter of playbooks/verify.yml: how one node differs from the inventory, the other nodes and its own plan."""
+"""Filters of playbooks/verify.yml and playbooks/status.yml: how one node differs from the inventory, the other nodes
+and its own plan (llama_drift), and the whole cluster's state with every problem and its fix (llama_status_report,
+from the module llama_node_status's reads: the same findings as verify.yml, and those only a status view has: the
+clock, the RPC cache, the units besides llama.cpp's)."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-# Documented in its sidecar file, filter_plugins/llama_drift.yml (ansible-doc -t filter llama_drift).
+# Documented in their sidecar files, filter_plugins/llama_drift.yml and llama_status_report.yml (ansible-doc -t filter).
 
 
 def _show(text):
@@ -16,9 +20,12 @@ def _show(text):
 
 
 def _held_endpoints(connections):
-    """Peer addresses (host:port) of the host's established TCP connections, from `ss -Htn state established`
-    (Recv-Q Send-Q Local Peer). Not by process: reading another user's sockets needs ptrace rights that a
-    container's root lacks, and nothing else on the master holds a connection to a worker's RPC port."""
+    """Peer addresses (host:port) of the host's established TCP connections: [local, peer] pairs (the module
+    llama_node_status), or the text of `ss -Htn state established` (Recv-Q Send-Q Local Peer). Not by process:
+    reading another user's sockets needs ptrace rights that a container's root lacks, and nothing else on the
+    master holds a connection to a worker's RPC port."""
+    if isinstance(connections, (list, tuple)):
+        return {str(pair[1]) for pair in connections if len(pair) >= 2}
     return {fields[3] for fields in map(str.split, str(connections).splitlines()) if len(fields) >= 4}
 
 
@@ -29,9 +36,9 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
     the RPC protocols of every node's active build; current: the directory current resolves to; units: the
     node's unit names; shows: for each, `systemctl show UNIT -p ActiveState -p MainPID -p Environment`; starts:
     for each, when its main process started (epoch seconds, 0 when none); switched: when current was last
-    pointed somewhere (epoch seconds, the link's mtime); cmdline: llama-server's /proc/PID/cmdline
-    (NUL-separated, master only); connections: `ss -Htn state
-    established` (master only).
+    pointed somewhere (epoch seconds, the link's mtime); cmdline: llama-server's command line (a list, or
+    /proc/PID/cmdline NUL-separated; master only); connections: the established TCP connections ([local, peer]
+    pairs, or `ss -Htn state established`; master only).
     """
     if not isinstance(build, Mapping) or not all(isinstance(x, (list, tuple)) for x in (units, shows, starts)) \
             or not len(units) == len(shows) == len(starts):
@@ -60,7 +67,7 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
             problems.append(f"{name} was started before current was switched to {current or 'its build'}: it still "
                             f"runs the build before (restart it)")
     if cmdline:
-        argv = str(cmdline).split("\0")
+        argv = [str(arg) for arg in cmdline] if isinstance(cmdline, (list, tuple)) else str(cmdline).split("\0")
         endpoints = argv[argv.index("--rpc") + 1].split(",") if "--rpc" in argv[:-1] else []
         held = _held_endpoints(connections)
         missing = [endpoint for endpoint in endpoints if endpoint not in held]
@@ -70,8 +77,200 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
     return problems
 
 
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+LLAMA_UNITS = ("llama-rpc-server.service", "llama-server.service")
+DRIFT_FIX = "site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs)"
+
+
+def _size(value):
+    if value is None:
+        return "?"
+    return f"{value / GIB:.1f} GiB" if value >= GIB else f"{value / MIB:.0f} MiB"
+
+
+def _ago(since, now):
+    if not since:
+        return "never"
+    seconds = max(0, int(now - since))
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds // length}{unit}"
+    return f"{seconds}s"
+
+
+def _span(first, end, n_layer):
+    last = end - 1
+    text = f"{first}-{last}" if last > first else f"{first}"
+    return text + ("+out" if n_layer is not None and last == n_layer else "")
+
+
+def _check_node(node):
+    if not isinstance(node, Mapping) or not isinstance(node.get("status"), Mapping) or not node.get("host") \
+            or not (node["status"] or node.get("unreachable")):
+        raise AnsibleFilterError(f"llama_status_report: each node needs host and status (llama_node_status's "
+                                 f"result), got {node!r}")
+
+
+def _drift(node, protos, cmdline_host):
+    status = node["status"]
+    units = [unit for unit in status["units"] if unit["name"] in LLAMA_UNITS]
+    return llama_drift(status["build"] or {}, node.get("commit"), protos, status.get("current", ""),
+                       [unit["name"] for unit in units], [unit.get("show", "") for unit in units],
+                       [unit.get("started", 0) for unit in units], status.get("switched", 0),
+                       (status.get("cmdline") or []) if cmdline_host else "",
+                       (status.get("connections") or []) if cmdline_host else "")
+
+
+def _drift_fix(problem):
+    """What to do about one of llama_drift's findings."""
+    stopped = re.match(r"(\S+) is (\S+), not active", problem)
+    if stopped:
+        return (f"journalctl -u {stopped.group(1)} says why it is {stopped.group(2)}; systemd restarts it on a "
+                f"crash, site.yml starts it")
+    if problem.startswith("llama-server serves without"):
+        return ("start the missing RPC servers: the master's worker watch then restarts llama-server onto every "
+                "worker of its plan (else site.yml --tags workers,master)")
+    return DRIFT_FIX
+
+
+def _connected(node, master):
+    """Whether the master holds a connection to this worker's RPC port (seen from the worker)."""
+    if master is None:
+        return None
+    local = f"{node.get('address')}:{node.get('rpc_port')}"
+    peers = {peer.rsplit(":", 1)[0] for here, peer in node["status"].get("connections") or [] if here == local}
+    return master.get("address") in peers
+
+
+def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, now=None):
+    """The cluster's state: {healthy, problems, nodes, table}. See filter_plugins/llama_status_report.yml."""
+    if not isinstance(nodes, (list, tuple)) or not nodes:
+        raise AnsibleFilterError(f"llama_status_report needs a non-empty list of nodes, got {nodes!r}")
+    for node in nodes:
+        _check_node(node)
+    now = time.time() if now is None else now
+    master = next((node for node in nodes if node.get("master")), None)
+    record = (master or {}).get("status", {}).get("plan") or {}
+    plan = record.get("plan") or {}
+    hosts = record.get("hosts") or {}
+    n_layer = (record.get("model") or {}).get("n_layer")
+    commit = next((node.get("commit") for node in nodes if node.get("commit")), None)
+    protos = [node["status"]["build"].get("rpc_proto") for node in nodes
+              if (node["status"].get("build") or {}).get("commit") == commit]
+    problems, rows = [], []
+    for node in nodes:
+        status, host = node["status"], node["host"]
+        if node.get("unreachable") or not status:
+            problems.append(f"{host}: unreachable (fix: check the host is up and that the controller reaches it: "
+                            f"ansible {host} -m ansible.builtin.ping)")
+            rows.append({"host": host, "role": "+".join(role for role in ("master", "worker") if node.get(role)),
+                         "address": node.get("address", ""), "unreachable": True, "build": {}, "units": [],
+                         "devices": [], "memory": None, "gpus": [], "connected": None, "cache": None,
+                         "clock_offset_s": None, "front": None})
+            continue
+        build = status.get("build") or {}
+        for problem in _drift(node, protos, node.get("master")):
+            problems.append(f"{host}: {problem} (fix: {_drift_fix(problem)})")
+        for unit in status.get("units") or []:
+            if unit["name"] not in LLAMA_UNITS and unit.get("load_state") != "not-found" \
+                    and unit.get("active_state") != "active":
+                problems.append(f"{host}: {unit['name']} is {unit.get('active_state')} (fix: systemctl status "
+                                f"{unit['name']} and journalctl -u {unit['name']} say why; site.yml starts it)")
+        clock = status.get("clock")
+        if clock and abs(clock["offset_s"]) > max_clock_offset:
+            problems.append(f"{host}: clock offset {clock['offset_s']:+.3f} s, over llama_status_max_clock_offset "
+                            f"({max_clock_offset} s) (fix: chronyc sources names the time sources it cannot reach)")
+        cache, cap = status.get("cache"), int(node.get("cache_max_mib") or 0) * MIB
+        if cache and cap and cache["bytes"] >= cache_warn_fraction * cap:
+            problems.append(f"{host}: RPC tensor cache {_size(cache['bytes'])} of its {_size(cap)} cap "
+                            f"(llama_rpc_cache_max_mib) (fix: raise the cap, or run site.yml -e "
+                            f"llama_rpc_cache_prune=true to drop the tensors of models no longer served)")
+        devices = [{"name": name, "layers": _span(first, end, n_layer), "planned_bytes": size}
+                   for name, (first, end), size in zip(plan.get("devices") or [], plan.get("layers") or [],
+                                                       plan.get("bytes") or [])
+                   if hosts.get(name) == host]
+        units = [{"name": unit["name"], "state": unit.get("active_state"), "since": unit.get("since", 0),
+                  "restarts": unit.get("restarts", 0), "memory_bytes": unit.get("memory_bytes")}
+                 for unit in status.get("units") or [] if unit.get("load_state") != "not-found"]
+        rows.append({
+            "host": host,
+            "role": "+".join(role for role in ("master", "worker") if node.get(role)),
+            "address": node.get("address", ""),
+            "build": {key: build.get(key) for key in ("commit", "backend", "rpc_proto", "build_id")},
+            "units": units,
+            "devices": devices,
+            "memory": status.get("memory"),
+            "gpus": status.get("gpus") or [],
+            "connected": _connected(node, master) if node.get("worker") and not node.get("master") else None,
+            "cache": dict(cache, cap_bytes=cap) if cache else None,
+            "clock_offset_s": clock["offset_s"] if clock else None,
+            "front": status.get("front"),
+        })
+    model = dict(record.get("model") or {})
+    report = {"healthy": not problems, "problems": problems, "nodes": rows, "model": model}
+    report["table"] = llama_status_table(report, now)
+    report["text"] = "\n".join(report["table"])
+    return report
+
+
+def _columns(rows):
+    widths = [max(len(str(row[column])) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def llama_status_table(report, now=None):
+    """The report as lines: the nodes, their units, the devices of the plan, the model, the front, the verdict."""
+    now = time.time() if now is None else now
+    nodes = [("host", "role", "address", "build", "RAM used/total", "clock", "master holds it", "RPC cache")]
+    units = [("host", "unit", "state", "for", "restarts", "memory")]
+    devices = [("device", "host", "layers", "planned", "its RPC server holds")]
+    for node in report["nodes"]:
+        if node.get("unreachable"):
+            nodes.append((node["host"], node["role"], node["address"] or "?", "unreachable", "", "", "", ""))
+            continue
+        build = node["build"]
+        memory = node.get("memory") or {}
+        cache = node["cache"]
+        nodes.append((
+            node["host"], node["role"], node["address"] or "?",
+            f"{build['commit'][:7]} {build.get('backend')} rpc {build.get('rpc_proto')}" if build.get("commit")
+            else "none",
+            f"{_size(memory['total_bytes'] - memory['available_bytes'])}/{_size(memory['total_bytes'])}"
+            if memory.get("total_bytes") else "?",
+            f"{node['clock_offset_s'] * 1000:+.2f} ms" if node["clock_offset_s"] is not None else "-",
+            {None: "-", True: "yes", False: "NO"}[node["connected"]],
+            (f"{_size(cache['bytes'])}/{_size(cache['cap_bytes'])}" if cache["cap_bytes"] else _size(cache["bytes"]))
+            if cache else "-"))
+        for unit in node["units"]:
+            units.append((node["host"], unit["name"].removesuffix(".service"), unit["state"],
+                           _ago(unit["since"], now), unit["restarts"], _size(unit["memory_bytes"])))
+        held = next((unit["memory_bytes"] for unit in node["units"] if unit["name"] == "llama-rpc-server.service"),
+                    None)
+        for device in node["devices"]:
+            devices.append((device["name"], node["host"], device["layers"], _size(device["planned_bytes"]),
+                            _size(held)))
+        for gpu in node["gpus"]:
+            units.append((node["host"], f"GPU{gpu['index']} {gpu['name']}", "", "", "",
+                          f"{gpu['used_mib']}/{gpu['total_mib']} MiB"))
+    lines = _columns(nodes) + [""] + _columns(units)
+    if len(devices) > 1:
+        lines += [""] + _columns(devices)
+    model = report.get("model") or {}
+    if model:
+        lines += ["", f"model: {model.get('source')}, sha256 {(model.get('sha256') or '?')[:12]}, {model.get('mode')} "
+                      f"mode, read from {model.get('path')}"]
+    for node in report["nodes"]:
+        if node.get("front"):
+            lines.append(f"front on {node['host']}: {node['front']['held']} requests held, "
+                         f"{node['front']['sessions']} client connections")
+    lines.append("healthy" if report["healthy"] else f"UNHEALTHY: {len(report['problems'])} problem(s)")
+    lines.extend(f"- {problem}" for problem in report["problems"])
+    return lines
+
+
 class FilterModule:
-    """Drift filter."""
+    """Drift and status filters."""
 
     def filters(self):
-        return {"llama_drift": llama_drift}
+        return {"llama_drift": llama_drift, "llama_status_report": llama_status_report}

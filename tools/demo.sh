@@ -7,6 +7,8 @@ case "${1:-up}" in
   up)
     ansible-playbook tools/demo-containers.yml
     ansible-playbook site.yml -i inventory/demo
+    # The cluster at a glance (make status prints it again at any time).
+    ansible-playbook playbooks/status.yml -i inventory/demo
     ;;
   down)
     if command -v ansible-playbook >/dev/null 2>&1 && docker info >/dev/null 2>&1; then

@@ -1,0 +1,207 @@
+"""Unit tests of playbooks/status.yml's parts: the module llama_node_status's readers (on the text the tools print,
+taken from a running cluster, and through its main() on this machine) and the filter llama_status_report (on fixed
+nodes)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.testing import patch_module_args
+from llama_verify import llama_status_report
+
+LIBRARY = Path(__file__).resolve().parents[2] / "library"
+NOW = 1_800_000_000.0
+BUILD = {"commit": "0c1e57098bba" + "0" * 28, "backend": "cpu", "rpc_proto": "3.0.0",
+         "build_id": "llama.cpp-0c1e57098bba-cpu-debian12-x86_64-32ce5720006e"}
+SHOW = """Id=llama-rpc-server.service
+LoadState=loaded
+ActiveState=active
+SubState=running
+MainPID=1412
+NRestarts=2
+ActiveEnterTimestampMonotonic=72521140683
+MemoryCurrent=42700800
+Environment=LLAMA_CACHE=/var/cache/llama.cpp LLAMACPP_BUILD_ID=llama.cpp-0c1e57098bba-cpu-debian12-x86_64-32ce5720006e
+
+Id=nonexist.service
+LoadState=not-found
+ActiveState=inactive
+SubState=dead
+MainPID=0
+NRestarts=0
+ActiveEnterTimestampMonotonic=0
+MemoryCurrent=[not set]
+Environment=
+"""
+STAT = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot\n"
+        "api,FRONTEND,,,3,5,256,30\n"
+        "llama_hold,gate,0,0,2,2,,12\n"
+        "gate,FRONTEND,,,2,4,256,12\n")
+TRACKING = ("C0A80001,master,3,1799999990.000000000,0.000024401,-0.000121800,0.000121800,-0.191,0.000,0.000,"
+            "1.000000000,1.000000000,68.0,Normal\n")
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("llama_node_status", LIBRARY / "llama_node_status.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+status_module = _load()
+
+
+def test_units_are_read_from_one_systemctl_call():
+    blocks = status_module.parse_show(SHOW)
+    assert [block["Id"] for block in blocks] == ["llama-rpc-server.service", "nonexist.service"]
+    unit = status_module.unit_state("llama-rpc-server.service", blocks[0], started=1_700_000_100, booted=1_700_000_000)
+    assert unit["active_state"] == "active" and unit["main_pid"] == 1412 and unit["restarts"] == 2
+    assert unit["since"] == 1_700_000_000 + 72521  # boot + the monotonic stamp
+    assert unit["memory_bytes"] == 42700800
+    assert unit["build_id"] == BUILD["build_id"]
+    missing = status_module.unit_state("nonexist.service", blocks[1], started=0, booted=1_700_000_000)
+    assert missing["load_state"] == "not-found" and missing["since"] == 0 and missing["memory_bytes"] is None
+
+
+def test_the_front_holds_what_its_gate_frontend_serves():
+    assert status_module.parse_front_stat(STAT) == {"held": 2, "sessions": 3}
+    assert status_module.parse_front_stat("Unknown command\n") is None
+
+
+def test_chrony_offset_and_leap():
+    assert status_module.parse_tracking(TRACKING) == {"offset_s": 0.000024401, "leap": "Normal", "reference": "master"}
+    assert status_module.parse_tracking("506 Cannot talk to daemon\n") is None
+
+
+def test_gpus_connections_and_memory():
+    assert status_module.parse_nvidia_smi("0, NVIDIA H200, 1024, 143771\n") == [
+        {"index": 0, "name": "NVIDIA H200", "used_mib": 1024, "total_mib": 143771}]
+    assert status_module.parse_connections("0 0 10.0.0.2:50052 10.0.0.1:41234\n") == [["10.0.0.2:50052",
+                                                                                     "10.0.0.1:41234"]]
+    assert status_module.parse_meminfo("MemTotal: 1024 kB\nMemAvailable: 512 kB\n") == {
+        "total_bytes": 1048576, "available_bytes": 524288}
+
+
+def test_the_module_reads_this_machine_without_changing_it(capsys, tmp_path):
+    (tmp_path / "rpc").mkdir()
+    (tmp_path / "rpc" / "0123456789abcdef").write_bytes(b"x" * 100)
+    with patch_module_args({"install_root": str(tmp_path / "none"), "units": ["nonexist-llama.service"],
+                            "cache_dir": str(tmp_path), "_ansible_check_mode": True}), pytest.raises(SystemExit):
+        status_module.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["changed"] is False and result["build"] == {} and result["current"] == ""
+    assert result["cache"] == {"entries": 1, "bytes": 100}
+    assert result["memory"]["total_bytes"] > 0
+
+
+def unit(name, build_id=BUILD["build_id"], active="active", started=NOW - 600):
+    return {"name": name, "load_state": "loaded", "active_state": active, "sub_state": "running",
+            "main_pid": 100 if active == "active" else 0, "restarts": 0, "since": started, "started": started,
+            "memory_bytes": 80 << 20, "build_id": build_id,
+            "show": f"ActiveState={active}\nMainPID=100\nEnvironment=LLAMACPP_BUILD_ID={build_id}"}
+
+
+def node(host, role, address, units, connections=(), cmdline=(), plan=None, **status):
+    read = {"build": dict(BUILD), "current": "/opt/llama.cpp/x", "switched": NOW - 3600, "units": units,
+            "cmdline": list(cmdline), "connections": [list(pair) for pair in connections], "plan": plan or {},
+            "memory": {"total_bytes": 8 << 30, "available_bytes": 6 << 30}, "gpus": [], "cache": None,
+            "clock": {"offset_s": 0.0002, "leap": "Normal", "reference": "master"}, "front": None}
+    read.update(status)
+    return {"host": host, "master": role == "master", "worker": role == "worker", "address": address,
+            "commit": BUILD["commit"], "rpc_port": 50052, "cache_max_mib": 1024, "status": read}
+
+
+PLAN = {"model": {"source": "/srv/models/m.gguf", "sha256": "ab" * 32, "mode": "stage", "n_layer": 30,
+                  "path": "/var/lib/llama.cpp/models/abababababab/m.gguf"},
+        "rpc": ["10.0.0.2:50052", "10.0.0.3:50052"],
+        "plan": {"devices": ["RPC0", "RPC1"], "layers": [[0, 16], [16, 31]], "bytes": [60 << 20, 55 << 20],
+                 "budget_bytes": [1 << 30, 1 << 30], "tensor_split": [16, 15], "strategy": "memory"},
+        "hosts": {"RPC0": "worker1", "RPC1": "worker2"}}
+CMDLINE = ["/opt/llama.cpp/current/bin/llama-server", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-m", "m.gguf"]
+
+
+def cluster(master_connections=(("10.0.0.1:40000", "10.0.0.2:50052"), ("10.0.0.1:40001", "10.0.0.3:50052")),
+            **worker2):
+    return [
+        node("master", "master", "10.0.0.1", [unit("llama-server.service"), unit("chrony.service", build_id="")],
+             connections=master_connections, cmdline=CMDLINE, plan=PLAN,
+             front={"held": 1, "sessions": 4}),
+        node("worker1", "worker", "10.0.0.2", [unit("llama-rpc-server.service")],
+             connections=[("10.0.0.2:50052", "10.0.0.1:40000")], cache={"entries": 2, "bytes": 100 << 20}),
+        node("worker2", "worker", "10.0.0.3", [unit("llama-rpc-server.service")],
+             **dict({"connections": [("10.0.0.3:50052", "10.0.0.1:40001")]}, **worker2)),
+    ]
+
+
+def test_a_healthy_cluster_in_one_table():
+    report = llama_status_report(cluster(), now=NOW)
+    assert report["healthy"] and report["problems"] == []
+    table = "\n".join(report["table"])
+    assert table.splitlines()[-1] == "healthy"
+    rows = {row["host"]: row for row in report["nodes"]}
+    assert rows["worker1"]["devices"] == [{"name": "RPC0", "layers": "0-15", "planned_bytes": 60 << 20}]
+    assert rows["worker2"]["devices"][0]["layers"] == "16-30+out"
+    assert rows["worker1"]["connected"] is True and rows["master"]["connected"] is None
+    assert "worker1  worker" in table and "0c1e570 cpu rpc 3.0.0" in table and "10m" in table
+    assert "RPC1    worker2  16-30+out  55 MiB   80 MiB" in table
+    assert "model: /srv/models/m.gguf, sha256 abababababab, stage mode" in table
+    assert "front on master: 1 requests held, 4 client connections" in table
+    json.dumps(report)  # status_format=json and status_file print it as it is
+
+
+def test_a_worker_the_master_does_not_hold_is_named_with_the_fix():
+    report = llama_status_report(cluster(master_connections=[("10.0.0.1:40000", "10.0.0.2:50052")],
+                                         connections=[]), now=NOW)
+    assert not report["healthy"]
+    assert report["problems"] == [
+        "master: llama-server serves without 10.0.0.3:50052: no connection, 1 of the 2 RPC workers of its plan "
+        "(fix: start the missing RPC servers: the master's worker watch then restarts llama-server onto every "
+        "worker of its plan (else site.yml --tags workers,master))"]
+    assert {row["host"]: row["connected"] for row in report["nodes"]}["worker2"] is False
+    assert report["table"][-2:] == ["UNHEALTHY: 1 problem(s)", f"- {report['problems'][0]}"]
+
+
+def test_status_only_problems_name_the_variable_and_the_fix():
+    nodes = cluster(clock={"offset_s": -2.5, "leap": "Normal", "reference": "master"},
+                    cache={"entries": 9, "bytes": 1000 << 20})
+    nodes[0]["status"]["units"][1] = unit("chrony.service", build_id="", active="failed")
+    problems = llama_status_report(nodes, max_clock_offset=1.0, now=NOW)["problems"]
+    assert any(p.startswith("master: chrony.service is failed (fix: systemctl status chrony.service") for p in problems)
+    assert any(p.startswith("worker2: clock offset -2.500 s, over llama_status_max_clock_offset (1.0 s)")
+               for p in problems)
+    assert any(p.startswith("worker2: RPC tensor cache 1000 MiB of its 1.0 GiB cap (llama_rpc_cache_max_mib)")
+               for p in problems)
+
+
+def test_drift_is_verify_yml_s_finding():
+    stale = cluster()
+    stale[1]["status"]["units"] = [unit("llama-rpc-server.service", build_id="llama.cpp-old")]
+    problems = llama_status_report(stale, now=NOW)["problems"]
+    assert problems == [f"worker1: llama-rpc-server.service is set up for llama.cpp-old, not the active build "
+                        f"{BUILD['build_id']} (fix: site.yml puts a node back on the inventory's build "
+                        f"(upgrade.yml when the commit differs))"]
+
+
+def test_a_stopped_unit_is_named_with_its_journal():
+    nodes = cluster()
+    nodes[2]["status"]["units"] = [unit("llama-rpc-server.service", active="inactive")]
+    problems = llama_status_report(nodes, now=NOW)["problems"]
+    assert problems == ["worker2: llama-rpc-server.service is inactive, not active (fix: journalctl -u "
+                        "llama-rpc-server.service says why it is inactive; systemd restarts it on a crash, site.yml "
+                        "starts it)"]
+
+
+def test_an_unreachable_node_is_a_row_and_a_problem():
+    nodes = cluster()
+    nodes[2] = {"host": "worker2", "worker": True, "address": "", "unreachable": True, "status": {}}
+    report = llama_status_report(nodes, now=NOW)
+    assert report["problems"][-1].startswith("worker2: unreachable (fix: check the host is up")
+    assert any(line.startswith("worker2") and "unreachable" in line for line in report["table"])
+
+
+@pytest.mark.parametrize("nodes", [[], "x", [{"host": "a"}], [{"host": "a", "status": {}}]])
+def test_bad_input_is_named(nodes):
+    with pytest.raises(AnsibleFilterError, match="llama_status_report"):
+        llama_status_report(nodes)
