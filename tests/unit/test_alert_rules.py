@@ -1,0 +1,116 @@
+"""The cluster's alert rules (role llama_monitor), rendered by Ansible's template module with the role's defaults and
+tested by Debian 12's promtool (tools/fixtures.py): each alert fires from the series that mean its problem, after its
+`for:`, with its labels and annotations rendered, and a healthy cluster raises none."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "llama_monitor"
+PROMTOOL = os.environ.get("LLAMA_PROMTOOL")
+pytestmark = pytest.mark.skipif(not PROMTOOL, reason="LLAMA_PROMTOOL is not set: run through make checks")
+ALERTS = ["LlamaWorkerDown", "LlamaWorkerNotConnected", "LlamaFewerDevicesThanPlanned", "LlamaMasterDown",
+          "LlamaBuildDrift", "LlamaClockOffset", "LlamaRpcCacheNearCap", "LlamaFrontHolding", "LlamaExporterStale"]
+HEALTHY = {  # series: values (one every 15 s, 45 of them: 11 minutes)
+    'llama_cluster_worker_up{instance="worker1"}': "1x45",
+    'llama_cluster_worker_up{instance="worker2"}': "1x45",
+    'llama_cluster_worker_connected{instance="worker1"}': "1x45",
+    'llama_cluster_worker_connected{instance="worker2"}': "1x45",
+    'llama_cluster_server_up{instance="master"}': "1x45",
+    'llama_cluster_rpc_endpoints_planned{instance="master"}': "2x45",
+    'llama_cluster_rpc_endpoints_connected{instance="master"}': "2x45",
+    'llama_cluster_build_info{instance="worker1",commit="c1"}': "1x45",
+    'llama_cluster_build_info{instance="master",commit="c1"}': "1x45",
+    'llama_cluster_clock_offset_seconds{instance="worker2"}': "0.001x45",
+    'llama_cluster_rpc_cache_bytes{instance="worker1"}': "100x45",
+    'llama_cluster_rpc_cache_max_bytes{instance="worker1"}': "1000x45",
+    'llama_cluster_front_held_requests{instance="master"}': "0x45",
+    'llama_cluster_exporter_timestamp_seconds{instance="worker1"}': "0+15x45",
+}
+# alert: (series that change, when it is checked not to fire yet, when it fires, its labels, {$labels...} and $value)
+CASES = {
+    "LlamaWorkerDown": ({'llama_cluster_worker_up{instance="worker1"}': "1 1 0x43"}, "1m", "2m",
+                        {"instance": "worker1", "severity": "critical"}, 0),
+    "LlamaWorkerNotConnected": ({'llama_cluster_worker_connected{instance="worker2"}': "1 1 0x43"}, "1m", "2m",
+                                {"instance": "worker2", "severity": "critical"}, 0),
+    "LlamaFewerDevicesThanPlanned": ({'llama_cluster_rpc_endpoints_connected{instance="master"}': "2 2 1x43"}, "1m",
+                                     "2m", {"instance": "master", "severity": "critical"}, 1),
+    "LlamaMasterDown": ({'llama_cluster_server_up{instance="master"}': "1 1 0x43"}, "1m", "2m",
+                        {"instance": "master", "severity": "critical"}, 0),
+    "LlamaBuildDrift": ({'llama_cluster_build_info{instance="master",commit="c1"}': "_x45",
+                         'llama_cluster_build_info{instance="master",commit="c2"}': "1x45"}, "4m", "6m",
+                        {"severity": "warning"}, 2),
+    "LlamaClockOffset": ({'llama_cluster_clock_offset_seconds{instance="worker2"}': "2x45"}, "4m", "6m",
+                         {"instance": "worker2", "severity": "warning"}, 2),
+    "LlamaRpcCacheNearCap": ({'llama_cluster_rpc_cache_bytes{instance="worker1"}': "950x45"}, "9m", "11m",
+                             {"instance": "worker1", "severity": "warning"}, 950),
+    "LlamaFrontHolding": ({'llama_cluster_front_held_requests{instance="master"}': "0 0 3x43"}, "2m", "3m",
+                          {"instance": "master", "severity": "warning"}, 3),
+    "LlamaExporterStale": ({'llama_cluster_exporter_timestamp_seconds{instance="worker1"}': "0x45"}, "2m", "4m",
+                           {"instance": "worker1", "severity": "warning"}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory):
+    """The rules file as the role installs it (Ansible's template module, the role's defaults)."""
+    out = tmp_path_factory.mktemp("rules") / "llama-cluster.rules.yml"
+    done = subprocess.run(
+        ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-m", "ansible.builtin.template",
+         "-a", f"src={ROLE / 'templates' / 'llama-cluster.rules.yml.j2'} dest={out}",
+         "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"ansible_python_interpreter={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_promtool_accepts_the_rules(rules):
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    names = [rule["alert"] for group in yaml.safe_load(rules.read_text())["groups"] for rule in group["rules"]]
+    assert names == ALERTS
+
+
+def annotations(rules, alert, labels, value):
+    """The alert's annotations as Prometheus renders them for `labels` and `value`."""
+    rule = next(rule for group in yaml.safe_load(rules.read_text())["groups"] for rule in group["rules"]
+                if rule["alert"] == alert)
+    rendered = {}
+    for key, text in rule["annotations"].items():
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda match: labels.get(match.group(1), ""), text)
+        rendered[key] = text.replace("{{ $value }}", "" if value is None else f"{value:g}")
+    return rendered
+
+
+def run_tests(rules, tmp_path, tests):
+    spec = tmp_path / "rules.test.yml"
+    spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "15s", "tests": tests}))
+    done = subprocess.run([PROMTOOL, "test", "rules", str(spec)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def series(changes):
+    return [{"series": name, "values": values} for name, values in dict(HEALTHY, **changes).items()]
+
+
+def test_a_healthy_cluster_raises_no_alert(rules, tmp_path):
+    run_tests(rules, tmp_path, [{"interval": "15s", "input_series": series({}),
+                                 "alert_rule_test": [{"eval_time": "11m", "alertname": name, "exp_alerts": []}
+                                                     for name in ALERTS]}])
+
+
+@pytest.mark.parametrize("alert", CASES)
+def test_each_alert_fires_after_its_for(alert, rules, tmp_path):
+    changes, before, after, labels, value = CASES[alert]
+    if value is None:  # LlamaExporterStale: no $value in its text
+        value = 0
+    expected = {"exp_labels": labels, "exp_annotations": annotations(rules, alert, labels, value)}
+    run_tests(rules, tmp_path, [{"interval": "15s", "input_series": series(changes), "alert_rule_test": [
+        {"eval_time": before, "alertname": alert, "exp_alerts": []},
+        {"eval_time": after, "alertname": alert, "exp_alerts": [expected]}]}])
