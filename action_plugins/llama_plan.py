@@ -1,6 +1,6 @@
 """Action plugin llama_plan: order the cluster's devices and plan the split, on the controller.
 
-The planning itself is the tested filters' (filter_plugins/llama_cluster.py, filter_plugins/llama_split.py);
+The planning itself is the tested filters' (filter_plugins/llama_devices.py, filter_plugins/llama_split.py);
 this plugin calls them and turns their errors into one message that names the host and the inventory
 variables, instead of a templating error around a set_fact.
 """

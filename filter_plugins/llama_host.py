@@ -1,4 +1,4 @@
-"""Filters that read a host's state as printed by its tools."""
+"""Filters of a host: its listening ports (as `ss` prints them), its cluster address, its addresses as networks."""
 
 from __future__ import annotations
 
@@ -66,6 +66,26 @@ def llama_cluster_address(facts, configured="", ansible_host=""):
     return {"address": "", "source": "", "candidates": candidates}
 
 
+def llama_host_networks(addresses):
+    """Each IP address as a one-host network: a.b.c.d/32, x::y/128."""
+    if not isinstance(addresses, (list, tuple)):
+        raise AnsibleFilterError(f"llama_host_networks needs a list of IP addresses, got {addresses!r}")
+    networks = []
+    for address in addresses:
+        try:
+            ip = ipaddress.ip_address(address) if isinstance(address, str) else None
+        except ValueError:
+            ip = None
+        if ip is None:
+            raise AnsibleFilterError(f"llama_host_networks: {address!r} is not an IP address")
+        if getattr(ip, "scope_id", None):
+            raise AnsibleFilterError(f"llama_host_networks: {address!r} has a zone (%{ip.scope_id}): give the "
+                                     "address without it")
+        networks.append(f"{ip}/{ip.max_prefixlen}")
+    return networks
+
+
 class FilterModule:
     def filters(self):
-        return {"llama_port_conflicts": llama_port_conflicts, "llama_cluster_address": llama_cluster_address}
+        return {"llama_port_conflicts": llama_port_conflicts, "llama_cluster_address": llama_cluster_address,
+                "llama_host_networks": llama_host_networks}

@@ -1,4 +1,4 @@
-"""The llama_cluster filters: device order, --rpc list, speeds, bench results and host networks."""
+"""The device filters (device order, --rpc list, speeds), the bench filters and llama_host_networks."""
 
 import copy
 import json
@@ -6,9 +6,12 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
-import llama_cluster
-from llama_cluster import (llama_bench_speeds, llama_bench_table, llama_device_order, llama_devices_with_speeds,
-                           llama_host_networks, llama_rpc_endpoints, llama_select_devices)
+import llama_bench
+import llama_devices
+import llama_host
+from llama_bench import llama_bench_speeds, llama_bench_table
+from llama_devices import llama_device_order, llama_devices_with_speeds, llama_rpc_endpoints, llama_select_devices
+from llama_host import llama_host_networks
 
 
 def worker(host, endpoint, *devices):
@@ -254,11 +257,13 @@ def test_host_networks_name_the_bad_value(addresses, message):
         llama_host_networks(addresses)
 
 
-def test_filters_are_registered_and_documented():
-    filters = llama_cluster.FilterModule().filters()
-    assert filters == {name: getattr(llama_cluster, name) for name in (
-        "llama_device_order", "llama_rpc_endpoints", "llama_devices_with_speeds", "llama_select_devices",
-        "llama_bench_speeds", "llama_bench_table", "llama_host_networks")}
+@pytest.mark.parametrize("module, names", [
+    (llama_devices, ("llama_device_order", "llama_rpc_endpoints", "llama_devices_with_speeds", "llama_select_devices")),
+    (llama_bench, ("llama_bench_speeds", "llama_bench_table")),
+    (llama_host, ("llama_port_conflicts", "llama_cluster_address", "llama_host_networks")),
+])
+def test_each_file_registers_its_owner_s_filters(module, names):
+    assert module.FilterModule().filters() == {name: getattr(module, name) for name in names}
 
 
 def test_vulkan_names_a_fresh_host_cannot_list_yet_are_provisional():
