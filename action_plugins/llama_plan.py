@@ -23,6 +23,11 @@ INVENTORY_NAMES = {
 
 
 def _filter(name):
+    """One of the project's filters by its short name; qualified with the collection's name where this plugin runs
+    from the collection (tools/collection.py), whose filters have no short names."""
+    package = __name__.split(".")
+    if package[0] == "ansible_collections":
+        name = ".".join(package[1:3] + [name])
     return filter_loader.get(name).j2_function
 
 

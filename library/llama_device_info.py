@@ -10,7 +10,7 @@ description:
   - Lists the devices llama.cpp's backend exposes on this host, with total memory, in llama.cpp's naming.
   - NVIDIA GPUs through C(nvidia-smi) (named CUDA0, CUDA1, ... for the cuda backend, Vulkan0, ... for vulkan).
   - AMD GPUs through C(rocm-smi) when present, else sysfs (C(mem_info_vram_total)); named ROCm0, ... for hip.
-  - Vulkan, once a Vulkan build is active on the host (I(install_root)/current): llama.cpp's own listing
+  - Vulkan, once a Vulkan build is active on the host (I(install_root)/current), by llama.cpp's own listing
     (C(llama-server --list-devices) in I(environment)), because which Vulkan devices llama.cpp uses and how it
     numbers them is its own choice (discrete and integrated GPUs by default, C(GGML_VK_VISIBLE_DEVICES) to pick
     others, such as Mesa's lavapipe). Before that, the vendor tools' view (RESULT source says which).

@@ -8,7 +8,7 @@ module: llama_node_status
 short_description: Read the state of one node of a llama.cpp RPC cluster, without changing it
 description:
   - One read per node for C(playbooks/status.yml) and C(playbooks/verify.yml), and the source of the node's
-    C(llama_cluster_*) metrics: the active build, the project's units, the established TCP connections, the
+    C(llama_cluster_*) metrics. It reads the active build, the project's units, the established TCP connections, the
     memory the units hold, the host's memory and GPUs, the RPC tensor cache, the clock offset and the requests
     the API front holds.
   - Reads only; nothing is started, stopped or written. Missing pieces (a unit that is not installed, no

@@ -9,7 +9,8 @@ description:
   - Runs on the controller. Orders the devices (C(llama_device_order)), lists the C(--rpc) endpoints
     (C(llama_rpc_endpoints)) and plans the split (C(llama_split_plan), or C(llama_split_given) for an explicit
     O(tensor_split)); see filter_plugins/.
-  - A failure is one message that starts with the host and names the inventory variables (O(names)),
+  - >-
+    A failure is one message that starts with the host and names the inventory variables (O(names)),
     e.g. C(master: llama_split_reserve_fraction must be a number in [0, 1), got 1.5).
 options:
   workers:

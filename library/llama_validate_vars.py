@@ -8,7 +8,7 @@ short_description: Check a host's variables against the roles' argument_specs be
 description:
   - Runs on the controller. For each role in O(roles), validates the host's values of the role's own
     variables (the keys of its C(defaults/main.yml)) against its C(meta/argument_specs.yml) main entry
-    point: types, element types, choices.
+    point (types, element types, choices).
   - Fails on a variable that carries a role's prefix (C(llama_), C(llamacpp_), C(chrony_), ...) but that no
     role declares, suggesting the closest declared name (a typo would otherwise be ignored).
   - Each message names the host, the variable, what it must be and where it is documented.

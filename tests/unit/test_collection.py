@@ -1,0 +1,78 @@
+"""The collection `make collection` builds (tools/collection.py): installed into an empty collections path, with no
+project configuration, every filter and module is documented under its fully qualified name, the playbooks parse
+with every role they use found in the collection, and the project's own references in it are fully qualified."""
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import collection  # noqa: E402
+
+FQCN = collection.FQCN
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the collections path it is installed in, an environment that sees it and not the checkout's plugins)."""
+    work = tmp_path_factory.mktemp("collection")
+    tarball = collection.build(work / "dist")
+    (work / "ansible.cfg").write_text("[defaults]\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(work / "ansible.cfg"),
+               ANSIBLE_COLLECTIONS_PATH=f"{work / 'collections'}:{Path(yaml.__file__).parents[1]}")
+    done = subprocess.run(["ansible-galaxy", "collection", "install", "--offline", "--no-deps", "-p",
+                           str(work / "collections"), str(tarball)], cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return work, env, tarball
+
+
+def listed(env, cwd, kind):
+    done = subprocess.run(["ansible-doc", "-t", kind, "-l", FQCN, "--json"], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    return sorted(yaml.safe_load(done.stdout))
+
+
+def test_every_filter_and_module_is_documented_by_its_fqcn(installed):
+    work, env, _ = installed
+    roles, modules, filters = collection.names()
+    assert listed(env, work, "filter") == [f"{FQCN}.{name}" for name in filters]
+    assert listed(env, work, "module") == [f"{FQCN}.{name}" for name in modules]
+    for kind, name in [("filter", name) for name in filters] + [("module", name) for name in modules]:
+        done = subprocess.run(["ansible-doc", "-t", kind, f"{FQCN}.{name}"], cwd=work, env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == 0 and "EXAMPLES" in done.stdout, (name, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("playbook", ["site", "upgrade", "status", "verify", "decommission", "bench"])
+def test_the_playbooks_parse_with_the_collection_s_roles(installed, playbook):
+    work, env, _ = installed
+    inventory = work / "hosts.yml"
+    inventory.write_text("llama_master:\n  hosts:\n    m:\nllama_workers:\n  hosts:\n    w:\n")
+    done = subprocess.run(["ansible-playbook", "--syntax-check", "-i", str(inventory), f"{FQCN}.{playbook}"],
+                          cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_project_s_references_are_qualified(installed):
+    _, _, tarball = installed
+    roles, modules, filters = collection.names()
+    short_filter = re.compile(rf"\|\s*({'|'.join(filters)})\b")
+    short_module = re.compile(rf"^\s*(?:- )?({'|'.join(modules)}):\s*$", re.M)
+    short_role = re.compile(rf"^\s*(?:- )?role:\s+({'|'.join(roles)})\s*$", re.M)
+    with tarfile.open(tarball) as archive:
+        for member in archive.getmembers():
+            if member.isfile() and member.name.startswith(("roles/", "playbooks/")) \
+                    and member.name.endswith((".yml", ".j2")):
+                text = archive.extractfile(member).read().decode()
+                for pattern in (short_filter, short_module, short_role):
+                    assert not pattern.search(text), (member.name, pattern.search(text).group(0))
+            if member.isfile() and member.name.endswith(".py"):
+                assert "ansible.module_utils.llama_" not in archive.extractfile(member).read().decode(), member.name
