@@ -28,7 +28,8 @@ options:
     description: The unit of llama-server, on the master; its main process's command line is returned.
     type: str
   plan_file:
-    description: The plan the master was deployed with (written by role llama_server), on the master.
+    description: llama-server's unit, on the master; its C(# llama-cluster-plan:) comment line holds the plan it was
+      rendered with (role llama_server).
     type: path
   cache_dir:
     description: The RPC server's tensor cache (C(llama_rpc_cache_dir)); its entries are C(<cache_dir>/rpc/*).
@@ -88,7 +89,7 @@ connections:
   returned: success
   type: list
 plan:
-  description: The recorded plan (C(plan_file)), or C({}).
+  description: The plan of C(plan_file) (model, rpc, plan, hosts), or C({}).
   returned: success
   type: dict
 memory:

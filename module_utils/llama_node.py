@@ -52,6 +52,21 @@ def unit_state(name, show, started, booted):
     }
 
 
+PLAN_LINE = "# llama-cluster-plan: "
+
+
+def parse_plan(unit_text):
+    """The plan llama-server's unit was rendered with: the JSON of its `# llama-cluster-plan:` line, {} without."""
+    for line in str(unit_text).splitlines():
+        if line.startswith(PLAN_LINE):
+            try:
+                plan = json.loads(line[len(PLAN_LINE):])
+            except ValueError:
+                return {}
+            return plan if isinstance(plan, dict) else {}
+    return {}
+
+
 def parse_connections(text):
     """`ss -Htn state established` lines (Recv-Q Send-Q Local Peer) as [local, peer] pairs."""
     return [fields[2:4] for fields in map(str.split, str(text).splitlines()) if len(fields) >= 4]
@@ -185,11 +200,7 @@ def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_fi
         result["cmdline"] = cmdline.rstrip("\0").split("\0") if cmdline else []
     result["connections"] = parse_connections(_run(["ss", "-Htn", "state", "established"]) or "")
     if plan_file:
-        plan = _read(plan_file)
-        try:
-            result["plan"] = json.loads(plan) if plan else {}
-        except ValueError:
-            result["plan"] = {}
+        result["plan"] = parse_plan(_read(plan_file) or "")
     if shutil.which("nvidia-smi"):
         result["gpus"] = parse_nvidia_smi(_run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total",
                                                 "--format=csv,noheader,nounits"]) or "")

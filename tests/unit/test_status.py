@@ -275,3 +275,11 @@ def test_the_exporter_writes_its_file_atomically(tmp_path):
     samples = exposition(out.read_text())
     assert samples[("llama_cluster_worker_up", "")] == 0 and samples[("llama_cluster_rpc_cache_max_bytes", "")] == 1 << 20
     assert [path.name for path in tmp_path.iterdir() if path.name.endswith(".tmp")] == []
+
+
+def test_the_plan_is_the_unit_s_plan_line():
+    unit = ("[Service]\n# Plan: RPC0=0-16 RPC1=16-31 (layers, output layer = 30)\n"
+            f"# llama-cluster-plan: {json.dumps(PLAN)}\nExecStart=/opt/llama.cpp/current/bin/llama-server\n")
+    assert llama_node.parse_plan(unit) == PLAN
+    assert llama_node.parse_plan("[Service]\nExecStart=x\n") == {}
+    assert llama_node.parse_plan("# llama-cluster-plan: {not json\n") == {}
