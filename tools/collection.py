@@ -79,7 +79,7 @@ def stage(where):
     shutil.copy2(ROOT / "README.md", collection / "README.md")
     shutil.copy2(ROOT / "CHANGELOG.md", collection / "CHANGELOG.md")
     (collection / "meta").mkdir()
-    (collection / "meta" / "runtime.yml").write_text('---\nrequires_ansible: ">=2.17.0"\n')
+    shutil.copy2(ROOT / "meta" / "runtime.yml", collection / "meta" / "runtime.yml")
     yaml_text = lambda text: qualify(text, roles, modules, filters)  # noqa: E731
     python = lambda text: text.replace("ansible.module_utils.llama_",  # noqa: E731
                                        f"ansible_collections.{FQCN}.plugins.module_utils.llama_")
