@@ -22,3 +22,4 @@ load("llama_gguf", ROOT / "module_utils" / "llama_gguf.py")
 # The node reader, also as the module llama_node_status imports it.
 sys.modules["ansible.module_utils.llama_node"] = load("llama_node", ROOT / "module_utils" / "llama_node.py")
 load("llama_device_info", ROOT / "library" / "llama_device_info.py")
+load("llama_node_status", ROOT / "library" / "llama_node_status.py")

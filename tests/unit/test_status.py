@@ -2,7 +2,6 @@
 taken from a running cluster, and through its main() on this machine) and the filter llama_status_report (on fixed
 nodes)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,12 +9,13 @@ import sys
 from pathlib import Path
 
 import llama_node
+import llama_node_status as status_module  # its main(); the readers are llama_node's (conftest loads both)
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.testing import patch_module_args
 from llama_verify import llama_status_report
 
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
+NODE_READER = Path(__file__).resolve().parents[2] / "module_utils" / "llama_node.py"
 NOW = 1_800_000_000.0
 BUILD = {"commit": "0c1e57098bba" + "0" * 28, "backend": "cpu", "rpc_proto": "3.0.0",
          "build_id": "llama.cpp-0c1e57098bba-cpu-debian12-x86_64-32ce5720006e"}
@@ -47,14 +47,6 @@ TRACKING = ("C0A80001,master,3,1799999990.000000000,0.000024401,-0.000121800,0.0
             "1.000000000,1.000000000,68.0,Normal\n")
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("llama_node_status", LIBRARY / "llama_node_status.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-status_module = _load()  # its main(); the readers are module_utils/llama_node.py's
 
 
 def test_units_are_read_from_one_systemctl_call():
@@ -269,7 +261,7 @@ def test_the_exporter_writes_its_file_atomically(tmp_path):
                                   "node": {"worker": True, "address": "10.0.0.2", "rpc_port": 50052,
                                            "master_address": "10.0.0.1", "cache_max_mib": 1}}))
     out = tmp_path / "llama_cluster.prom"
-    done = subprocess.run([sys.executable, str(LIBRARY.parent / "module_utils" / "llama_node.py"), str(config),
+    done = subprocess.run([sys.executable, str(NODE_READER), str(config),
                            str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     samples = exposition(out.read_text())
