@@ -76,3 +76,14 @@ def test_the_project_s_references_are_qualified(installed):
                     assert not pattern.search(text), (member.name, pattern.search(text).group(0))
             if member.isfile() and member.name.endswith(".py"):
                 assert "ansible.module_utils.llama_" not in archive.extractfile(member).read().decode(), member.name
+
+
+def test_molecule_does_not_install_the_checkout_as_a_collection(tmp_path):
+    """The galaxy.yml at the top makes molecule's prerun install this checkout (.venv and all) into
+    ~/.ansible/collections before every scenario: it failed CI once, and it would leave files behind the suite."""
+    env = dict(os.environ, HOME=str(tmp_path))
+    done = subprocess.run([str(Path(sys.executable).parent / "molecule"), "syntax", "-s", "chrony"], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed_there = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.glob(".ansible/collections/*/*"))
+    assert not installed_there, f"molecule installed {installed_there}: keep `prerun: false` in .config/molecule"
