@@ -37,6 +37,11 @@ def address(host):
     return host.check_output("ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p'")
 
 
+def tcp_connects(host, ip, port, seconds=3):
+    """A bare TCP connect from `host` (no byte sent): True when the handshake completes."""
+    return host.run(f"timeout {seconds} bash -c 'exec 3<>/dev/tcp/{ip}/{port}'").rc == 0
+
+
 def main_pid(host, unit):
     pid = host.check_output(f"systemctl show -p MainPID --value {unit}")
     assert pid not in ("", "0"), f"{unit} has no main process"

@@ -59,12 +59,14 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory):
-    """The rules file as the role installs it (Ansible's template module, the role's defaults)."""
+    """The rules file as the role installs it (Ansible's template module, the role's defaults,
+    exporters every 15 s)."""
     out = tmp_path_factory.mktemp("rules") / "llama-cluster.rules.yml"
     done = subprocess.run(
         ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-m", "ansible.builtin.template",
          "-a", f"src={ROLE / 'templates' / 'llama-cluster.rules.yml.j2'} dest={out}",
-         "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"ansible_python_interpreter={sys.executable}"],
+         "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", "__llama_monitor_exporter_interval=15",
+         "-e", f"ansible_python_interpreter={sys.executable}"],
         cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")))
     assert done.returncode == 0, done.stdout + done.stderr
     return out

@@ -89,7 +89,7 @@ def _set_fact_keys(node, found: set[str]) -> None:
 def published_facts() -> frozenset[str]:
     """Public facts some task sets: set_fact keys in role tasks and handlers and in playbooks."""
     files = [*ROOT.glob("roles/*/tasks/**/*.yml"), *ROOT.glob("roles/*/handlers/*.yml"),
-             *ROOT.glob("playbooks/*.yml")]
+             *ROOT.glob("playbooks/**/*.yml")]
     found: set[str] = set()
     for path in files:
         try:
@@ -568,7 +568,7 @@ _API_KEY_VALUE = re.compile(r"\bllama_api_key\b(?!\s*\|\s*length)")
 
 @pytest.mark.parametrize("path", sorted(str(path.relative_to(ROOT)) for path in
                                         [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("roles/*/handlers/*.yml"),
-                                         *ROOT.glob("playbooks/*.yml")]))
+                                         *ROOT.glob("playbooks/**/*.yml")]))
 def test_tasks_that_handle_the_api_key_do_not_log(path):
     """A task whose module arguments hold the API key's value (a file's content, a request's header) has `no_log`:
     else `-v` prints the key, and the results land in every callback. Removing `no_log` from one fails here."""

@@ -5,7 +5,7 @@ import re
 
 import pytest
 from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, connect, http, http_json,
-                             main_pid, option, recap, run_playbook, service_pids, wait_health)
+                             main_pid, option, recap, run_playbook, service_pids, tcp_connects, wait_health)
 from suite_report import figures
 
 # Every endpoint family llama-server has, by method; only /health (and its /v1 alias) is public.
@@ -14,11 +14,6 @@ PROTECTED = [("GET", "/v1/models"), ("GET", "/models"), ("GET", "/props"), ("GET
              ("POST", "/tokenize"), ("POST", "/embedding")]
 REQUEST = {"prompt": "Hello", "messages": [{"role": "user", "content": "Hello"}], "content": "Hello",
            "n_predict": 1, "max_tokens": 1}
-
-
-def tcp_connects(host, ip, port, seconds=3):
-    """A bare TCP connect from `host` (no byte sent): True when the handshake completes."""
-    return host.run(f"timeout {seconds} bash -c 'exec 3<>/dev/tcp/{ip}/{port}'").rc == 0
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,26 @@ def test_the_worker_reaches_itself(name, listening, workers):
     assert tcp_connect(workers[name], listening[name], RPC_PORT) == "connected"
 
 
+METRICS_PORT = 9100  # llama_metrics_port's default
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_the_exporter_port_admits_the_monitor_only(name, workers, master, stranger):
+    """llama_metrics: node-exporter's port admits the llama_monitor host (the master here) and drops the stranger,
+    whatever the firewall (probed with a plain listener: this scenario installs no exporter)."""
+    host = workers[name]
+    unit = "test-exporter-port"
+    host.run(f"systemctl reset-failed {unit}")
+    assert host.run(f"systemd-run --unit {unit} python3 -m http.server {METRICS_PORT} --bind {address(host)}").rc == 0
+    try:
+        assert host.run(f"for i in $(seq 50); do ss -Hltn 'sport = :{METRICS_PORT}' | grep -q . && exit 0; "
+                        "sleep 0.2; done; exit 1").rc == 0
+        assert tcp_connect(master, address(host), METRICS_PORT) == "connected"
+        assert tcp_connect(stranger, address(host), METRICS_PORT) == "timeout"
+    finally:
+        host.run(f"systemctl stop {unit}")
+
+
 @pytest.mark.parametrize("name", WORKERS)
 def test_each_worker_uses_its_backend(name, workers):
     """worker_nft: auto, nothing active, so nftables; worker_fwd and worker_ufw: named in the inventory, installed

@@ -1,0 +1,1 @@
+../../../module_utils/llama_node.py
