@@ -44,6 +44,13 @@ CASES = {
     "missing model": ({"llama_model_path": "/srv/models/missing.gguf"},
                       r"master: llama_model_path '/srv/models/missing\.gguf' cannot be read as a GGUF model on "
                       r"master: .*Put the model there, or point llama_model_path at it\."),
+    # Metrics (role llama_metrics) and the monitor (role llama_monitor, on the master here).
+    "exporter port is the RPC port": ({"llama_metrics_port": 50052},
+                                      r"worker\d: llama_metrics_port 50052 equals llama_rpc_port: node-exporter and "
+                                      r"that service would take the same port"),
+    "scrape interval of no time": ({"llama_monitor_scrape_interval": 0},
+                                   r"master: llama_monitor_scrape_interval \(0\), llama_monitor_alert_after \(10\) "
+                                   r"and llama_monitor_front_hold_alert_after \(120\) must be at least 1"),
     # Planner errors name the inventory variables, not the filter's arguments.
     "reserve fraction": ({"llama_split_reserve_fraction": 1.5},
                          r"master: llama_split_reserve_fraction must be a number in \[0, 1\), got 1\.5$"),
