@@ -63,6 +63,11 @@ def test_every_node_is_scraped_and_every_worker_connected(master):
     by_host = http_json(master, PROMETHEUS_PORT, "/api/v1/query?query=" + urllib.parse.quote(
         "sum by (host) (llama_cluster_device_planned_layers)"), key=None)["data"]["result"]
     assert {sample["metric"]["host"] for sample in by_host} == set(WORKERS), by_host
+    # llama-server's own metrics (through the API, with the key) and the front's (HAProxy's exporter).
+    for job in ("llama-server", "llama-front"):
+        assert query(master, f'up{{job="{job}"}}') == {"master": 1}, job
+    assert query(master, "llamacpp:prompt_tokens_total") and query(master, "llamacpp:requests_processing")
+    assert query(master, 'haproxy_frontend_current_sessions{proxy="api"}')
     # A healthy cluster raises nothing.
     assert http_json(master, PROMETHEUS_PORT, "/api/v1/alerts", key=None)["data"]["alerts"] == []
 
@@ -71,6 +76,22 @@ def test_a_stranger_reaches_no_exporter_and_the_monitor_does(master, workers, st
     for name, host in {"master": master, **workers}.items():
         assert not tcp_connects(stranger, address(host), METRICS_PORT), f"{name}: a stranger reached node-exporter"
         assert tcp_connects(master, address(host), METRICS_PORT), f"{name}: the monitor cannot reach node-exporter"
+
+
+FETCH = """
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+"""
+
+
+def test_the_front_s_metrics_are_the_monitor_s_only(master, stranger):
+    """HAProxy's exporter answers on the API's port, to the llama_monitor hosts only (its source address)."""
+    url = f"http://{address(master)}:{SERVER_PORT}/llama-front/metrics"
+    assert stranger.check_output(f"python3 -c {FETCH!r} {url}") == "403"
+    assert master.check_output(f"python3 -c {FETCH!r} {url}") == "200"
 
 
 def test_a_stopped_worker_raises_its_alert_until_the_cluster_heals(master, workers):
