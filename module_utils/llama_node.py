@@ -85,14 +85,16 @@ def parse_tracking(text):
 
 
 def parse_front_stat(csv_text):
-    """HAProxy `show stat` CSV: the requests the gate frontend holds and the sessions of the api frontend."""
+    """HAProxy `show stat` CSV: the requests the front holds (the gate's sessions that it has not passed on to
+    llama-server yet: a request being answered is a session of the gate too) and the api frontend's sessions."""
     lines = [line for line in str(csv_text).splitlines() if line.strip()]
     if not lines or not lines[0].startswith("# "):
         return None
     header = lines[0][2:].split(",")
     rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
-    current = {row.get("pxname"): int(row.get("scur") or 0) for row in rows if row.get("svname") == "FRONTEND"}
-    return {"held": current.get("gate", 0), "sessions": current.get("api", 0)}
+    current = {(row.get("pxname"), row.get("svname")): int(row.get("scur") or 0) for row in rows}
+    held = current.get(("gate", "FRONTEND"), 0) - current.get(("llama_server", "BACKEND"), 0)
+    return {"held": max(held, 0), "sessions": current.get(("api", "FRONTEND"), 0)}
 
 
 def parse_nvidia_smi(text):

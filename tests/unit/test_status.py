@@ -61,8 +61,14 @@ def test_units_are_read_from_one_systemctl_call():
     assert missing["load_state"] == "not-found" and missing["since"] == 0 and missing["memory_bytes"] is None
 
 
-def test_the_front_holds_what_its_gate_frontend_serves():
+def test_the_front_holds_what_its_gate_has_not_passed_on():
+    """Held: the gate's sessions that llama-server does not serve yet. A request llama-server is answering is a
+    session of the gate too (it passes through), but not a held one: under steady traffic nothing is held."""
     assert llama_node.parse_front_stat(STAT) == {"held": 2, "sessions": 3}
+    serving = STAT + "llama_server,llama-server,0,0,2,2,,9\nllama_server,BACKEND,0,0,2,2,,9\n"
+    assert llama_node.parse_front_stat(serving) == {"held": 0, "sessions": 3}
+    one_of_three = STAT.replace("gate,FRONTEND,,,2", "gate,FRONTEND,,,3") + "llama_server,BACKEND,0,0,2,2,,9\n"
+    assert llama_node.parse_front_stat(one_of_three) == {"held": 1, "sessions": 3}
     assert llama_node.parse_front_stat("Unknown command\n") is None
 
 

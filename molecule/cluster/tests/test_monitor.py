@@ -5,6 +5,7 @@ while the monitor does; the exporter costs little CPU."""
 
 import time
 import urllib.parse
+from shlex import quote
 
 import pytest
 from cluster_helpers import SERVER_PORT, WORKERS, address, connect, http_json, tcp_connects, wait_health
@@ -52,11 +53,12 @@ def test_every_node_is_scraped_and_every_worker_connected(master):
     assert set(query(master, "llama_cluster_exporter_timestamp_seconds")) == set(NODES)
     assert query(master, 'node_textfile_scrape_error') == dict.fromkeys(NODES, 0)
     # An earlier test may just have restarted a worker: its metrics follow within an exporter run and a scrape.
-    wait_for("every worker up and connected", lambda: query(master, "llama_cluster_worker_up")
-             == query(master, "llama_cluster_worker_connected") == dict.fromkeys(WORKERS, 1),
+    wait_for("every worker up and connected, every endpoint held", lambda: query(master, "llama_cluster_worker_up")
+             == query(master, "llama_cluster_worker_connected") == dict.fromkeys(WORKERS, 1)
+             and query(master, "llama_cluster_rpc_endpoints_connected") == {"master": len(WORKERS)},
              EXPORTER_INTERVAL + 2 * SCRAPE_INTERVAL + 5)
     assert query(master, "llama_cluster_server_up") == {"master": 1}
-    assert query(master, "llama_cluster_rpc_endpoints_connected") == query(master, "llama_cluster_rpc_endpoints_planned")
+    assert query(master, "llama_cluster_rpc_endpoints_planned") == {"master": len(WORKERS)}
     builds = query(master, "count by (instance, commit, protocol) (llama_cluster_build_info)")
     assert set(builds) == set(NODES) and len(query(master, "count by (commit) (llama_cluster_build_info)")) == 1
     # The plan's devices: every layer of the model on a worker (the master here has none of its own).
@@ -90,8 +92,8 @@ except urllib.error.HTTPError as error:
 def test_the_front_s_metrics_are_the_monitor_s_only(master, stranger):
     """HAProxy's exporter answers on the API's port, to the llama_monitor hosts only (its source address)."""
     url = f"http://{address(master)}:{SERVER_PORT}/llama-front/metrics"
-    assert stranger.check_output(f"python3 -c {FETCH!r} {url}") == "403"
-    assert master.check_output(f"python3 -c {FETCH!r} {url}") == "200"
+    assert stranger.check_output(f"python3 -c {quote(FETCH)} {url}") == "403"
+    assert master.check_output(f"python3 -c {quote(FETCH)} {url}") == "200"
 
 
 def test_a_stopped_worker_raises_its_alert_until_the_cluster_heals(master, workers):

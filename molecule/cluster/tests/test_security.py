@@ -61,7 +61,9 @@ def test_the_key_shows_nowhere_on_any_host(master, workers):
         "systemd's view of the unit": master.check_output("systemctl show llama-server.service"),
         "the front's configuration": master.check_output("cat /etc/llama-front/*"),
         # Every unit's and the kernel's lines, since the host booted: Ansible's module runs too.
-        **{f"{name}'s whole journal": host.check_output("journalctl --no-pager -o cat")
+        # Bytes: llama-server's --verbose log has token pieces that are not whole UTF-8 characters.
+        **{f"{name}'s whole journal":
+           host.run("journalctl --no-pager -o cat").stdout_bytes.decode("utf-8", "replace")
            for name, host in {"master": master, **workers}.items()},
     }
     for place, text in places.items():
