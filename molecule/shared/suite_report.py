@@ -57,3 +57,8 @@ def pytest_terminal_summary(terminalreporter):
     for nodeid, (host, inside) in sorted(USED.items(), key=lambda item: -sum(item[1]))[:SHOWN]:
         terminalreporter.write_line(f"{host + inside:.1f} cpu-s ({host:.1f} + {inside:.1f}) {nodeid}")
     terminalreporter.write_line(f"{total:.1f} cpu-s in all, {len(USED)} tests")
+    # Every test's figures, for a closer look at where a scenario's CPU goes: LLAMA_CPU_REPORT=file (appended).
+    if os.environ.get("LLAMA_CPU_REPORT"):
+        with open(os.environ["LLAMA_CPU_REPORT"], "a", encoding="utf-8") as report:
+            for nodeid, (host, inside) in sorted(USED.items(), key=lambda item: -sum(item[1])):
+                report.write(f"{SCENARIO} {host + inside:.1f} {host:.1f} {inside:.1f} {nodeid}\n")

@@ -1,27 +1,19 @@
 """Unit tests of library/llama_rpc_cache.py, run through its main() against real files."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from conftest import load
 
 LIBRARY = Path(__file__).resolve().parents[2] / "library"
 MIB = 1024 * 1024
 DAY = 86400
 NOW = 1_700_000_000.0
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("llama_rpc_cache", LIBRARY / "llama_rpc_cache.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-llama_rpc_cache = _load()
+llama_rpc_cache = load("llama_rpc_cache", LIBRARY / "llama_rpc_cache.py")
 
 
 def _run_module(capsys, args):
