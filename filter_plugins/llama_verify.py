@@ -208,6 +208,8 @@ def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, no
             "front": status.get("front"),
         })
     model = dict(record.get("model") or {})
+    if model and master:
+        model["load_s"] = master.get("status", {}).get("load_s")
     report = {"healthy": not problems, "problems": problems, "nodes": rows, "model": model}
     report["table"] = llama_status_table(report, now)
     report["text"] = "\n".join(report["table"])
@@ -259,7 +261,8 @@ def llama_status_table(report, now=None):
     model = report.get("model") or {}
     if model:
         lines += ["", f"model: {model.get('source')}, sha256 {(model.get('sha256') or '?')[:12]}, {model.get('mode')} "
-                      f"mode, read from {model.get('path')}"]
+                      f"mode, read from {model.get('path')}"
+                      + (f", loaded in {model['load_s']:.1f} s" if model.get("load_s") is not None else "")]
     for node in report["nodes"]:
         if node.get("front"):
             lines.append(f"front on {node['host']}: {node['front']['held']} requests held, "

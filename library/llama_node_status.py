@@ -112,6 +112,12 @@ front:
   description: The front's C({held, sessions}) (requests the gate holds, connections to the API), or null.
   returned: success
   type: dict
+load_s:
+  description:
+    - Seconds llama-server took from its start to its model loaded (its journal's C(model loaded) line), or null
+      (no active llama-server here, still loading, or the journal no longer has the line).
+  returned: success
+  type: float
 """
 
 from ansible.module_utils.basic import AnsibleModule

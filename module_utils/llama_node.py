@@ -126,6 +126,39 @@ def process_start(pid, booted):
     return int(booted + ticks / os.sysconf("SC_CLK_TCK"))
 
 
+# llama-server's "model loaded" line in the journal (journalctl -o short-unix): the journal's time, and the line's own
+# clock where it has one (0c1e570 prefixes minutes.seconds.ms.us since the process started; older trees nothing).
+_JOURNAL_LINE = re.compile(r"^(\d+(?:\.\d+)?) \S+ [^:]+: (.*)$")
+_OWN_CLOCK = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
+
+
+def parse_loaded(text, started):
+    """Seconds llama-server took from its start to its model loaded, from its journal's last `model loaded` line
+    (short-unix output): the line's own clock where it has one, else the line's time less `started` (epoch
+    seconds, 0: unknown). None without such a line (still loading, or the journal rotated it away)."""
+    for line in reversed(str(text).splitlines()):
+        entry = _JOURNAL_LINE.match(line)
+        if not entry or "model loaded" not in entry.group(2):
+            continue
+        own = _OWN_CLOCK.match(entry.group(2))
+        if own:
+            minutes, seconds, millis, micros = (int(part) for part in own.groups())
+            return round(minutes * 60 + seconds + millis / 1e3 + micros / 1e6, 3)
+        return round(max(float(entry.group(1)) - started, 0.0), 3) if started else None
+    return None
+
+
+def server_load(pid, started, known=None):
+    """parse_loaded() for llama-server's process `pid`; `known` ({pid, load_s}) answers without reading the journal
+    when it is about the same process (the exporter keeps it between runs: a --verbose journal is long)."""
+    if known and known.get("pid") == pid and known.get("load_s") is not None:
+        return known["load_s"]
+    # Since the process started: a PID of an earlier process (another boot, a restarted container) is not it.
+    since = ["--since", f"@{max(int(started) - 1, 0)}"] if started else []
+    found = _run(["journalctl", f"_PID={pid}", *since, "-o", "short-unix", "--no-pager", "-q", "-g", "model loaded"])
+    return parse_loaded(found or "", started)
+
+
 def cache_usage(path):
     entries = total = 0
     folder = os.path.join(path, "rpc")
@@ -174,12 +207,12 @@ def _read(path):
 
 
 def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_file=None, cache_dir=None,
-              front_socket=None, chrony=True):
+              front_socket=None, chrony=True, known_load=None):
     """Everything llama_node_status returns (its RETURN documents the fields); reads only."""
     current_link = os.path.join(install_root, "current")
     result = {"build": {}, "current": "", "switched": 0, "units": [], "cmdline": [], "connections": [], "plan": {},
               "memory": parse_meminfo(_read("/proc/meminfo") or ""), "gpus": [], "cache": None, "clock": None,
-              "front": None}
+              "front": None, "load_s": None}
     if os.path.islink(current_link):
         result["current"] = os.path.realpath(current_link)
         result["switched"] = int(os.lstat(current_link).st_mtime)
@@ -200,6 +233,8 @@ def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_fi
     if server and server["main_pid"]:
         cmdline = _read(f"/proc/{server['main_pid']}/cmdline")
         result["cmdline"] = cmdline.rstrip("\0").split("\0") if cmdline else []
+        if server["active_state"] == "active":
+            result["load_s"] = server_load(server["main_pid"], server["started"], known_load)
     result["connections"] = parse_connections(_run(["ss", "-Htn", "state", "established"]) or "")
     if plan_file:
         result["plan"] = parse_plan(_read(plan_file) or "")
@@ -230,6 +265,8 @@ METRICS = {
     "llama_cluster_device_planned_layers": ("gauge", "On the master: the layers the plan gives each device."),
     "llama_cluster_device_planned_bytes": ("gauge", "On the master: the bytes the plan estimates on each device."),
     "llama_cluster_model_info": ("gauge", "On the master: the served model (1), by source, sha256 and mode."),
+    "llama_cluster_model_load_seconds": ("gauge", "On the master: how long llama-server took from its start to its "
+                                                  "model loaded (the running process; absent while it loads)."),
     "llama_cluster_rpc_cache_bytes": ("gauge", "On a worker: the RPC tensor cache's size."),
     "llama_cluster_rpc_cache_max_bytes": ("gauge", "On a worker: the cache's cap (llama_rpc_cache_max_mib)."),
     "llama_cluster_clock_offset_seconds": ("gauge", "chrony's offset of the system clock (chronyc tracking)."),
@@ -300,6 +337,8 @@ def node_metrics(read, node, now=None):
             samples.append(("llama_cluster_model_info", {"source": model.get("source", ""),
                                                          "sha256": model.get("sha256", ""),
                                                          "mode": model.get("mode", "")}, 1))
+        if read.get("load_s") is not None:
+            samples.append(("llama_cluster_model_load_seconds", {}, read["load_s"]))
         front = read.get("front")
         if front is not None:
             samples.append(("llama_cluster_front_held_requests", {}, front["held"]))
@@ -325,7 +364,19 @@ def export(config_path, out_path):
     """The exporter: read the node as its config says, write the metrics for the textfile collector (atomically)."""
     with open(config_path, encoding="utf-8") as handle:
         config = json.load(handle)
-    text = node_metrics(read_node(**config["read"]), config["node"])
+    # What the last run found of llama-server's load, kept beside the metrics (node-exporter reads only *.prom).
+    state_path = f"{out_path}.state.json"
+    try:
+        state = json.loads(_read(state_path) or "{}")
+    except ValueError:
+        state = {}
+    read = read_node(**config["read"], known_load=state.get("load"))
+    text = node_metrics(read, config["node"])
+    server = next((unit for unit in read["units"] if unit["name"] == config["read"].get("server_unit")), None)
+    if server and read["load_s"] is not None and state.get("load", {}).get("pid") != server["main_pid"]:
+        with open(f"{state_path}.{os.getpid()}.tmp", "w", encoding="utf-8") as handle:
+            json.dump({"load": {"pid": server["main_pid"], "load_s": read["load_s"]}}, handle)
+        os.replace(f"{state_path}.{os.getpid()}.tmp", state_path)
     temporary = f"{out_path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -150,6 +150,10 @@ def test_a_healthy_cluster_in_one_table():
     assert "RPC1    worker2  16-30+out  55 MiB   80 MiB" in table
     assert "model: /srv/models/m.gguf, sha256 abababababab, stage mode" in table
     assert "front on master: 1 requests held, 4 client connections" in table
+    assert "loaded in" not in table  # llama-server's load unknown (loading, or its journal rotated away)
+    loaded = cluster()
+    loaded[0]["status"]["load_s"] = 2.14
+    assert "/abababababab/m.gguf, loaded in 2.1 s" in "\n".join(llama_status_report(loaded, now=NOW)["table"])
     json.dumps(report)  # status_format=json and status_file print it as it is
 
 
@@ -281,3 +285,35 @@ def test_the_plan_is_the_unit_s_plan_line():
     assert llama_node.parse_plan(unit) == PLAN
     assert llama_node.parse_plan("[Service]\nExecStart=x\n") == {}
     assert llama_node.parse_plan("# llama-cluster-plan: {not json\n") == {}
+
+
+LOADED_0C1E570 = """1796396794.376644 master llama-server[1969]: 0.00.059.168 I srv  llama_server: initializing ...
+1796396796.415734 master llama-server[1969]: 0.02.099.848 I srv  llama_server: model loaded
+"""
+
+
+def test_the_model_load_comes_from_llama_servers_own_clock_where_its_log_has_one():
+    assert llama_node.parse_loaded(LOADED_0C1E570, started=1796396790) == 2.1
+
+
+def test_the_model_load_is_the_journal_time_less_the_start_for_an_older_tree():
+    older = "1796396796.5 master llama-server[1969]: main: model loaded\n"
+    assert llama_node.parse_loaded(older, started=1796396794) == 2.5
+    assert llama_node.parse_loaded(older, started=0) is None
+    # Still loading (or rotated away): no figure.
+    assert llama_node.parse_loaded("1796396794.3 master llama-server[1969]: loading model\n", 1796396794) is None
+
+
+def test_a_known_load_of_the_same_process_is_not_read_again():
+    assert llama_node.server_load(1969, 1796396790, known={"pid": 1969, "load_s": 2.1}) == 2.1
+
+
+def test_the_load_is_exported_on_the_master_only_when_known():
+    master = cluster()[0]
+    loaded = exposition(llama_node.node_metrics(dict(master["status"], load_s=2.1), master, now=NOW))
+    assert loaded[("llama_cluster_model_load_seconds", "")] == 2.1
+    loading = exposition(llama_node.node_metrics(dict(master["status"], load_s=None), master, now=NOW))
+    assert ("llama_cluster_model_load_seconds", "") not in loading
+    worker = cluster()[1]
+    assert ("llama_cluster_model_load_seconds", "") not in exposition(
+        llama_node.node_metrics(dict(worker["status"], load_s=2.1), dict(worker, master_address="10.0.0.1"), now=NOW))

@@ -58,6 +58,11 @@ def test_every_node_is_scraped_and_every_worker_connected(master):
              and query(master, "llama_cluster_rpc_endpoints_connected") == {"master": len(WORKERS)},
              EXPORTER_INTERVAL + 2 * SCRAPE_INTERVAL + 5)
     assert query(master, "llama_cluster_server_up") == {"master": 1}
+    # How long the running llama-server took to load its model, from its journal: on the master only.
+    load = wait_for("the master's model load seconds", lambda: query(master, "llama_cluster_model_load_seconds"),
+                    EXPORTER_INTERVAL + 2 * SCRAPE_INTERVAL)
+    assert set(load) == {"master"} and 0 < load["master"] < 180, load
+    figures("llama_cluster_model_load_seconds", [f"master: {load['master']:.2f} s"])
     assert query(master, "llama_cluster_rpc_endpoints_planned") == {"master": len(WORKERS)}
     builds = query(master, "count by (instance, commit, protocol) (llama_cluster_build_info)")
     assert set(builds) == set(NODES) and len(query(master, "count by (commit) (llama_cluster_build_info)")) == 1

@@ -33,6 +33,9 @@ def test_a_healthy_cluster_in_check_mode(master, workers, tmp_path):
     assert [name for name, _ in planned] == [f"RPC{index}" for index in range(len(planned))]
     assert planned[-1][1].endswith("+out")
     assert re.search(r"^model: /srv/models/cluster\.gguf, sha256 [0-9a-f]{12}, stage mode", report["text"], re.M)
+    # How long the running llama-server took to load the model, from its journal.
+    assert 0 < report["model"]["load_s"] < 180, report["model"]
+    assert re.search(r"^model: .*, loaded in \d+\.\d s$", report["text"], re.M), report["text"]
 
 
 def test_a_stopped_worker_is_named_with_the_fix(master, workers):
