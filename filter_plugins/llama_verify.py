@@ -5,11 +5,28 @@ clock, the RPC cache, the units besides llama.cpp's)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
+
+
+def _node_reader():
+    """module_utils/llama_node.py, the node reader the module llama_node_status and the metrics exporter run: whether
+    a worker is connected, and which endpoints the master holds, are decided there once. Loaded from its file (beside
+    this one's folder in the checkout and in the collection alike): a controller-side plugin cannot import the
+    project's module_utils as a module can."""
+    path = Path(__file__).resolve().parent.parent / "module_utils" / "llama_node.py"
+    spec = importlib.util.spec_from_file_location("llama_verify_node_reader", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+llama_node = _node_reader()
 
 # Documented in their sidecar files, filter_plugins/llama_drift.yml and llama_status_report.yml (ansible-doc -t filter).
 
@@ -17,16 +34,6 @@ from ansible.errors import AnsibleFilterError
 def _show(text):
     """`systemctl show -p …` output as a dict (Environment kept whole)."""
     return dict(line.split("=", 1) for line in str(text).splitlines() if "=" in line)
-
-
-def _held_endpoints(connections):
-    """Peer addresses (host:port) of the host's established TCP connections: [local, peer] pairs (the module
-    llama_node_status), or the text of `ss -Htn state established` (Recv-Q Send-Q Local Peer). Not by process:
-    reading another user's sockets needs ptrace rights that a container's root lacks, and nothing else on the
-    master holds a connection to a worker's RPC port."""
-    if isinstance(connections, (list, tuple)):
-        return {str(pair[1]) for pair in connections if len(pair) >= 2}
-    return {fields[3] for fields in map(str.split, str(connections).splitlines()) if len(fields) >= 4}
 
 
 def llama_drift(build, commit, protos, current, units, shows, starts, switched, cmdline="", connections=""):
@@ -68,12 +75,12 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
                             f"runs the build before (restart it)")
     if cmdline:
         argv = [str(arg) for arg in cmdline] if isinstance(cmdline, (list, tuple)) else str(cmdline).split("\0")
-        endpoints = argv[argv.index("--rpc") + 1].split(",") if "--rpc" in argv[:-1] else []
-        held = _held_endpoints(connections)
-        missing = [endpoint for endpoint in endpoints if endpoint not in held]
+        pairs = connections if isinstance(connections, (list, tuple)) else llama_node.parse_connections(connections)
+        endpoints, missing = llama_node.missing_endpoints(argv, pairs)
         if missing:
-            problems.append(f"llama-server serves without {', '.join(missing)}: no connection, "
-                            f"{len(endpoints) - len(missing)} of the {len(endpoints)} RPC workers of its plan")
+            problems.append(f"llama-server serves without {', '.join(missing)}: no connection, so on fewer devices "
+                            f"than planned ({len(endpoints) - len(missing)} of the {len(endpoints)} RPC workers of "
+                            f"its plan)")
     return problems
 
 
@@ -122,6 +129,15 @@ def _drift(node, protos, cmdline_host):
                        (status.get("connections") or []) if cmdline_host else "")
 
 
+def _name_workers(problem, nodes):
+    """The RPC endpoints of a finding named by their workers' inventory names where the endpoint is a worker's cluster
+    address and RPC port (a TLS client endpoint on the master's loopback stays as it is)."""
+    at = {f"{node.get('address')}:{node.get('rpc_port')}": node["host"] for node in nodes
+          if node.get("worker") and node.get("address")}
+    return re.sub(r"\b[\d.]+:\d+\b", lambda found: f"{at[found.group(0)]} ({found.group(0)})"
+                  if found.group(0) in at else found.group(0), problem)
+
+
 def _drift_fix(problem):
     """What to do about one of llama_drift's findings."""
     stopped = re.match(r"(\S+) is (\S+), not active", problem)
@@ -138,9 +154,8 @@ def _connected(node, master):
     """Whether the master holds a connection to this worker's RPC port (seen from the worker)."""
     if master is None:
         return None
-    local = f"{node.get('address')}:{node.get('rpc_port')}"
-    peers = {peer.rsplit(":", 1)[0] for here, peer in node["status"].get("connections") or [] if here == local}
-    return master.get("address") in peers
+    endpoint = f"{node.get('address')}:{node.get('rpc_port')}"
+    return llama_node.worker_connected(node["status"].get("connections"), endpoint, master.get("address"))
 
 
 def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, now=None):
@@ -171,7 +186,7 @@ def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, no
             continue
         build = status.get("build") or {}
         for problem in _drift(node, protos, node.get("master")):
-            problems.append(f"{host}: {problem} (fix: {_drift_fix(problem)})")
+            problems.append(f"{host}: {_name_workers(problem, nodes)} (fix: {_drift_fix(problem)})")
         for unit in status.get("units") or []:
             if unit["name"] not in LLAMA_UNITS and unit.get("load_state") != "not-found" \
                     and unit.get("active_state") != "active":

@@ -291,6 +291,21 @@ def rpc_endpoints(cmdline):
     return argv[argv.index("--rpc") + 1].split(",") if "--rpc" in argv[:-1] else []
 
 
+def worker_connected(connections, endpoint, master_address):
+    """Whether `master_address` holds a connection to a worker's RPC `endpoint` (address:port), from the worker's
+    established connections ([local, peer] pairs)."""
+    return master_address in {str(peer).rsplit(":", 1)[0] for here, peer in connections or [] if here == endpoint}
+
+
+def missing_endpoints(cmdline, connections):
+    """(planned, missing): the --rpc endpoints of llama-server's command line, and those of them the master's
+    established connections ([local, peer] pairs) hold none to. Not by process: reading another user's sockets needs
+    ptrace rights that a container's root lacks, and nothing else on the master connects to a worker's RPC port."""
+    planned = rpc_endpoints(cmdline)
+    held = {str(pair[1]) for pair in connections or [] if len(pair) >= 2}
+    return planned, [endpoint for endpoint in planned if endpoint not in held]
+
+
 def node_metrics(read, node, now=None):
     """The Prometheus text of one node: `read` is read_node()'s result, `node` says what the node is ({master,
     worker (bools), address, rpc_port, master_address, cache_max_mib})."""
@@ -310,9 +325,9 @@ def node_metrics(read, node, now=None):
     if node.get("worker"):
         rpc = units.get("llama-rpc-server.service", {})
         samples.append(("llama_cluster_worker_up", {}, int(rpc.get("active_state") == "active")))
-        local = f"{node.get('address')}:{node.get('rpc_port')}"
-        peers = {peer.rsplit(":", 1)[0] for here, peer in read.get("connections") or [] if here == local}
-        samples.append(("llama_cluster_worker_connected", {}, int(node.get("master_address") in peers)))
+        connected = worker_connected(read.get("connections"), f"{node.get('address')}:{node.get('rpc_port')}",
+                                     node.get("master_address"))
+        samples.append(("llama_cluster_worker_connected", {}, int(connected)))
         cache = read.get("cache")
         if cache is not None:
             samples.append(("llama_cluster_rpc_cache_bytes", {}, cache["bytes"]))
@@ -321,11 +336,9 @@ def node_metrics(read, node, now=None):
         server = units.get("llama-server.service", {})
         samples.append(("llama_cluster_server_up", {}, int(server.get("active_state") == "active")))
         record = read.get("plan") or {}
-        planned = rpc_endpoints(read.get("cmdline")) or list(record.get("rpc") or [])
-        held = {pair[1] for pair in read.get("connections") or []}
-        samples.append(("llama_cluster_rpc_endpoints_planned", {}, len(planned)))
-        samples.append(("llama_cluster_rpc_endpoints_connected", {},
-                        sum(endpoint in held for endpoint in planned) if read.get("cmdline") else 0))
+        planned, missing = missing_endpoints(read.get("cmdline"), read.get("connections"))
+        samples.append(("llama_cluster_rpc_endpoints_planned", {}, len(planned or record.get("rpc") or [])))
+        samples.append(("llama_cluster_rpc_endpoints_connected", {}, len(planned) - len(missing)))
         plan, hosts = record.get("plan") or {}, record.get("hosts") or {}
         for device, (first, end), size in zip(plan.get("devices") or [], plan.get("layers") or [],
                                               plan.get("bytes") or []):

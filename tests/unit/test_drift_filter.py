@@ -61,7 +61,8 @@ def test_a_process_started_before_current_was_switched_is_named():
 
 def test_a_master_serving_without_a_worker_is_named():
     problems = master(connections=SS.splitlines()[0])
-    assert problems == ["llama-server serves without 10.0.0.3:50052: no connection, 1 of the 2 RPC workers of its plan"]
+    assert problems == ["llama-server serves without 10.0.0.3:50052: no connection, so on fewer devices than planned "
+                        "(1 of the 2 RPC workers of its plan)"]
 
 
 def test_connections_to_other_ports_do_not_count():

@@ -162,7 +162,8 @@ def test_a_worker_the_master_does_not_hold_is_named_with_the_fix():
                                          connections=[]), now=NOW)
     assert not report["healthy"]
     assert report["problems"] == [
-        "master: llama-server serves without 10.0.0.3:50052: no connection, 1 of the 2 RPC workers of its plan "
+        "master: llama-server serves without worker2 (10.0.0.3:50052): no connection, so on fewer devices than "
+        "planned (1 of the 2 RPC workers of its plan) "
         "(fix: start the missing RPC servers: the master's worker watch then restarts llama-server onto every "
         "worker of its plan (else site.yml --tags workers,master))"]
     assert {row["host"]: row["connected"] for row in report["nodes"]}["worker2"] is False

@@ -49,8 +49,8 @@ def test_a_stopped_worker_is_named_with_the_fix(master, workers):
     assert "worker2: llama-rpc-server.service is inactive, not active (fix: journalctl -u llama-rpc-server.service" \
         in output, output[-4000:]
     # llama-server lost the worker: it is down or back without it (the watch restarts it once the worker answers).
-    assert re.search(r"master: llama-server(\.service is \w+, not active| serves without [\d.]+:\d+)", output), \
-        output[-4000:]
+    assert re.search(r"master: llama-server(\.service is \w+, not active| serves without worker2 \([\d.]+:\d+\))",
+                     output), output[-4000:]
     wait_health(master, SERVER_PORT, timeout=180)
 
 

@@ -1,13 +1,15 @@
 """The converge: site.yml builds an older tree from git - verified commit, names and flags read from the tree,
-built once for both nodes (the upgrade tests then move this cluster to 0c1e570)."""
+built once for both nodes; this tree's llama-server serves without a worker that does not answer, and status.yml
+names it (the upgrade tests then move this cluster to 0c1e570)."""
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
 import pytest
-from cluster_helpers import connect, stop_server_on
+from cluster_helpers import RPC_PORT, SERVER_PORT, address, connect, run_playbook, stop_server_on, wait_health
 
 COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NODES = ("builder", "node")
@@ -99,3 +101,47 @@ def test_a_first_deploy_starts_each_service_once(name, unit):
     host = connect(name)
     starts = host.check_output(f"journalctl -u {unit} -o cat --no-pager | grep -c '^Started {unit}' || true")
     assert starts == "1"
+
+
+# On the worker's RPC address: answers one RPC handshake as this tree's server would (protocol 4.0.1), for the
+# master's llama-wait-workers, then stops listening, so that llama-server's own connection is refused.
+IMPOSTOR = """
+import socket, struct, sys
+listener = socket.create_server((sys.argv[1], int(sys.argv[2])))
+connection, _ = listener.accept()
+listener.close()
+with connection:
+    connection.recv(64)
+    connection.sendall(struct.pack("<Q", 3) + bytes([4, 0, 1]))
+"""
+
+
+def test_a_master_serving_without_its_worker_is_named_by_status():
+    """Trees of RPC protocol <= 5.1 start llama-server without a worker they cannot reach and serve on fewer devices,
+    silently (LLAMACPP.md): status.yml fails and names the worker, the master and the fix."""
+    builder, node = connect("builder"), connect("node")
+    worker = f"{address(node)}:{RPC_PORT}"
+    # Only this test restarts llama-server meanwhile (the watch would restart it as soon as the worker went away).
+    builder.check_output("systemctl stop llama-server-watch.service")
+    node.check_output("systemctl stop llama-rpc-server.service")
+    try:
+        node.check_output(f"systemd-run --unit=rpc-impostor python3 -c {shlex.quote(IMPOSTOR)} {address(node)} "
+                          f"{RPC_PORT}")
+        listening = f"for i in $(seq 50); do ss -Hltn 'sport = :{RPC_PORT}' | grep -q . && exit 0; sleep 0.2; done"
+        node.check_output(f"{listening}; exit 1")
+        builder.check_output("systemctl restart llama-server.service")
+        wait_health(builder, SERVER_PORT, timeout=300)
+        journal = builder.check_output("journalctl -u llama-server.service -n 200 -o cat --no-pager")
+        result = run_playbook("playbooks/status.yml", timeout=300)
+        output = result.stdout + result.stderr
+    finally:
+        node.run("systemctl stop rpc-impostor.service; systemctl reset-failed rpc-impostor.service")
+        node.check_output("systemctl start llama-rpc-server.service")
+        builder.check_output("systemctl restart llama-server.service")
+        builder.check_output("systemctl start llama-server-watch.service")
+    assert f"Failed to connect to {worker}" in journal, journal[-3000:]
+    assert result.returncode != 0, output[-3000:]
+    assert re.search(rf"builder: llama-server serves without node \({re.escape(worker)}\): no connection, so on "
+                     rf"fewer devices than planned \(0 of the 1 RPC workers of its plan\) \(fix: start the missing "
+                     rf"RPC servers", output), output[-4000:]
+    wait_health(builder, SERVER_PORT, timeout=300)
