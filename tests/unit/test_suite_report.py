@@ -28,6 +28,7 @@ def test_fails():
 def test_recorded_figures_reach_the_summary(tmp_path):
     (tmp_path / "test_sample.py").write_text(TESTS)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "molecule" / "shared"), MOLECULE_SCENARIO_NAME="")
+    env.pop("LLAMA_CPU_REPORT", None)  # a report the suite collects is the scenarios', not this sample's
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_report", "-p", "no:cacheprovider",
                           str(tmp_path / "test_sample.py")], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert run.returncode == 1, run.stdout  # one test failed, and its figures are kept all the same

@@ -118,7 +118,7 @@ with connection:
 
 def test_a_master_serving_without_its_worker_is_named_by_status():
     """Trees of RPC protocol <= 5.1 start llama-server without a worker they cannot reach and serve on fewer devices,
-    silently (LLAMACPP.md): status.yml fails and names the worker, the master and the fix."""
+    silently (LLAMACPP.md): status.yml fails and names the worker, the master and the fix; verify.yml fails too."""
     builder, node = connect("builder"), connect("node")
     worker = f"{address(node)}:{RPC_PORT}"
     # Only this test restarts llama-server meanwhile (the watch would restart it as soon as the worker went away).
@@ -134,6 +134,7 @@ def test_a_master_serving_without_its_worker_is_named_by_status():
         journal = builder.check_output("journalctl -u llama-server.service -n 200 -o cat --no-pager")
         result = run_playbook("playbooks/status.yml", timeout=300)
         output = result.stdout + result.stderr
+        verify = run_playbook("playbooks/verify.yml", timeout=300)
     finally:
         node.run("systemctl stop rpc-impostor.service; systemctl reset-failed rpc-impostor.service")
         node.check_output("systemctl start llama-rpc-server.service")
@@ -144,4 +145,9 @@ def test_a_master_serving_without_its_worker_is_named_by_status():
     assert re.search(rf"builder: llama-server serves without node \({re.escape(worker)}\): no connection, so on "
                      rf"fewer devices than planned \(0 of the 1 RPC workers of its plan\) \(fix: start the missing "
                      rf"RPC servers", output), output[-4000:]
+    # verify.yml's drift check: the same finding, from the same code.
+    verified = verify.stdout + verify.stderr
+    assert verify.returncode != 0, verified[-3000:]
+    assert re.search(rf"builder: llama-server serves without {re.escape(worker)}: no connection, so on fewer devices "
+                     rf"than planned", verified), verified[-4000:]
     wait_health(builder, SERVER_PORT, timeout=300)
