@@ -1,11 +1,12 @@
 """The converge: site.yml builds an older tree from git - verified commit, names and flags read from the tree,
-built once for both nodes; this tree's llama-server serves without a worker that does not answer, and status.yml
-names it (the upgrade tests then move this cluster to 0c1e570)."""
+built once for both nodes; a master without its worker refuses to start even on this tree, one that lost it is named
+by status.yml and verify.yml (the upgrade tests then move this cluster to 0c1e570)."""
 
 import json
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,7 @@ def test_a_first_deploy_starts_each_service_once(name, unit):
     assert starts == "1"
 
 
+
 # On the worker's RPC address: answers one RPC handshake as this tree's server would (protocol 4.0.1), for the
 # master's llama-wait-workers, then stops listening, so that llama-server's own connection is refused.
 IMPOSTOR = """
@@ -116,38 +118,77 @@ with connection:
 """
 
 
-def test_a_master_serving_without_its_worker_is_named_by_status():
-    """Trees of RPC protocol <= 5.1 start llama-server without a worker they cannot reach and serve on fewer devices,
-    silently (LLAMACPP.md): status.yml fails and names the worker, the master and the fix; verify.yml fails too."""
-    builder, node = connect("builder"), connect("node")
-    worker = f"{address(node)}:{RPC_PORT}"
-    # Only this test restarts llama-server meanwhile (the watch would restart it as soon as the worker went away).
-    builder.check_output("systemctl stop llama-server-watch.service")
-    node.check_output("systemctl stop llama-rpc-server.service")
-    try:
-        node.check_output(f"systemd-run --unit=rpc-impostor python3 -c {shlex.quote(IMPOSTOR)} {address(node)} "
-                          f"{RPC_PORT}")
-        listening = f"for i in $(seq 50); do ss -Hltn 'sport = :{RPC_PORT}' | grep -q . && exit 0; sleep 0.2; done"
-        node.check_output(f"{listening}; exit 1")
-        builder.check_output("systemctl restart llama-server.service")
-        wait_health(builder, SERVER_PORT, timeout=300)
-        journal = builder.check_output("journalctl -u llama-server.service -n 200 -o cat --no-pager")
-        result = run_playbook("playbooks/status.yml", timeout=300)
+def journal(host, unit="llama-server.service", since="-10min"):
+    return host.check_output(f"journalctl -u {unit} --since {since} -o cat --no-pager")
+
+
+def poll(what, check, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.5)
+    return value
+
+
+def status_and_verify():
+    """(status.yml's output, verify.yml's output); both must fail."""
+    outputs = []
+    for playbook in ("playbooks/status.yml", "playbooks/verify.yml"):
+        result = run_playbook(playbook, timeout=300)
         output = result.stdout + result.stderr
-        verify = run_playbook("playbooks/verify.yml", timeout=300)
-    finally:
-        node.run("systemctl stop rpc-impostor.service; systemctl reset-failed rpc-impostor.service")
-        node.check_output("systemctl start llama-rpc-server.service")
-        builder.check_output("systemctl restart llama-server.service")
-        builder.check_output("systemctl start llama-server-watch.service")
-    assert f"Failed to connect to {worker}" in journal, journal[-3000:]
-    assert result.returncode != 0, output[-3000:]
+        assert result.returncode != 0, output[-3000:]
+        outputs.append(output)
+    return outputs
+
+
+@pytest.fixture()
+def without_the_watch():
+    """The master's watch stopped (it would restart llama-server as soon as the worker went away), and the cluster
+    put back afterwards: the worker's RPC server started, llama-server restarted onto it, the watch started."""
+    builder, node = connect("builder"), connect("node")
+    builder.check_output("systemctl stop llama-server-watch.service")
+    yield builder, node
+    node.run("systemctl stop rpc-impostor.service; systemctl reset-failed rpc-impostor.service")
+    node.check_output("systemctl start llama-rpc-server.service")
+    builder.check_output("systemctl restart llama-server.service")
+    builder.check_output("systemctl start llama-server-watch.service")
+    wait_health(builder, SERVER_PORT, timeout=300)
+
+
+def test_a_master_started_without_its_worker_refuses_to_serve(without_the_watch):
+    """Trees of RPC protocol <= 5.1 start llama-server without a worker they cannot reach and would serve on fewer
+    devices, silently (LLAMACPP.md). The unit's --device list, the plan's devices, makes even this tree refuse
+    instead: llama-server exits naming the device, systemd starts it again, its wait names the worker; status.yml
+    and verify.yml fail naming the master's unit and the worker's."""
+    builder, node = without_the_watch
+    worker = f"{address(node)}:{RPC_PORT}"
+    node.check_output("systemctl stop llama-rpc-server.service")
+    node.check_output(f"systemd-run --unit=rpc-impostor python3 -c {shlex.quote(IMPOSTOR)} {address(node)} {RPC_PORT}")
+    poll("the impostor listening", lambda: node.run(f"ss -Hltn 'sport = :{RPC_PORT}'").stdout.strip(), 10)
+    builder.check_output("systemctl restart llama-server.service")
+    poll("llama-server refusing the missing device", lambda: "invalid device: RPC0" in journal(builder, since="-1min"))
+    logged = journal(builder, since="-1min")
+    assert f"Failed to connect to {worker}" in logged, logged[-3000:]
+    poll("the wait naming the worker", lambda: f"waiting for worker node ({worker})" in journal(builder, since="-1min"))
+    status, verify = status_and_verify()
+    assert re.search(r"builder: llama-server\.service is \w+, not active", status), status[-4000:]
+    assert "node: llama-rpc-server.service is inactive, not active" in status, status[-4000:]
+    assert re.search(r"builder: llama-server\.service is \w+, not active", verify), verify[-4000:]
+
+
+def test_a_master_that_lost_its_worker_is_named_on_fewer_devices(without_the_watch):
+    """A worker gone while llama-server runs idle (its connection closed by the worker, which llama-server notices
+    only at its next request; the watch, stopped here, would restart it): status.yml and verify.yml name the worker
+    the master serves without."""
+    builder, node = without_the_watch
+    worker = f"{address(node)}:{RPC_PORT}"
+    wait_health(builder, SERVER_PORT, timeout=300)
+    node.check_output("systemctl stop llama-rpc-server.service")
+    poll("the master's connection to the worker closed", lambda: worker not in builder.check_output(
+        "ss -Htn state established"), 30)
+    status, verify = status_and_verify()
     assert re.search(rf"builder: llama-server serves without node \({re.escape(worker)}\): no connection, so on "
                      rf"fewer devices than planned \(0 of the 1 RPC workers of its plan\) \(fix: start the missing "
-                     rf"RPC servers", output), output[-4000:]
-    # verify.yml's drift check: the same finding, from the same code.
-    verified = verify.stdout + verify.stderr
-    assert verify.returncode != 0, verified[-3000:]
+                     rf"RPC servers", status), status[-4000:]
     assert re.search(rf"builder: llama-server serves without {re.escape(worker)}: no connection, so on fewer devices "
-                     rf"than planned", verified), verified[-4000:]
-    wait_health(builder, SERVER_PORT, timeout=300)
+                     rf"than planned", verify), verify[-4000:]
