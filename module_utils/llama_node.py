@@ -387,14 +387,17 @@ def export(config_path, out_path):
     text = node_metrics(read, config["node"])
     server = next((unit for unit in read["units"] if unit["name"] == config["read"].get("server_unit")), None)
     if server and read["load_s"] is not None and state.get("load", {}).get("pid") != server["main_pid"]:
-        with open(f"{state_path}.{os.getpid()}.tmp", "w", encoding="utf-8") as handle:
-            json.dump({"load": {"pid": server["main_pid"], "load_s": read["load_s"]}}, handle)
-        os.replace(f"{state_path}.{os.getpid()}.tmp", state_path)
-    temporary = f"{out_path}.{os.getpid()}.tmp"
+        _write_atomically(state_path, json.dumps({"load": {"pid": server["main_pid"], "load_s": read["load_s"]}}))
+    _write_atomically(out_path, text)
+
+
+def _write_atomically(path, text):
+    """`path` replaced by `text` in one rename (a reader never sees half a file), mode 0644."""
+    temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.chmod(temporary, 0o644)
-    os.replace(temporary, out_path)
+    os.replace(temporary, path)
 
 
 if __name__ == "__main__":
