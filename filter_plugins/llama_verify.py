@@ -173,6 +173,9 @@ def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, no
     commit = next((node.get("commit") for node in nodes if node.get("commit")), None)
     protos = [node["status"]["build"].get("rpc_proto") for node in nodes
               if (node["status"].get("build") or {}).get("commit") == commit]
+    # What llama.cpp loaded, per device (the master's llama-server's load log): {name: {layers_loaded, loaded_bytes}}.
+    loaded = {name: {"layers_loaded": device.get("layers"), "loaded_bytes": device.get("model_bytes")}
+              for name, device in ((master or {}).get("status", {}).get("loaded") or {}).items()}
     problems, rows = [], []
     for node in nodes:
         status, host = node["status"], node["host"]
@@ -201,10 +204,16 @@ def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, no
             problems.append(f"{host}: RPC tensor cache {_size(cache['bytes'])} of its {_size(cap)} cap "
                             f"(llama_rpc_cache_max_mib) (fix: raise the cap, or run site.yml -e "
                             f"llama_rpc_cache_prune=true to drop the tensors of models no longer served)")
-        devices = [{"name": name, "layers": _span(first, end, n_layer), "planned_bytes": size}
+        devices = [{"name": name, "layers": _span(first, end, n_layer), "planned_layers": end - first,
+                    "planned_bytes": size, **loaded.get(name, {"layers_loaded": None, "loaded_bytes": None})}
                    for name, (first, end), size in zip(plan.get("devices") or [], plan.get("layers") or [],
                                                        plan.get("bytes") or [])
                    if hosts.get(name) == host]
+        for device in devices:
+            if device["layers_loaded"] is not None and device["layers_loaded"] != device["planned_layers"]:
+                problems.append(f"{host}: llama.cpp placed {device['layers_loaded']} layers on {device['name']}, the "
+                                f"plan {device['planned_layers']} (fix: the plan's device order is not llama.cpp's: "
+                                f"report it with llama-server's load log, journalctl -u llama-server -g 'device')")
         units = [{"name": unit["name"], "state": unit.get("active_state"), "since": unit.get("since", 0),
                   "restarts": unit.get("restarts", 0), "memory_bytes": unit.get("memory_bytes")}
                  for unit in status.get("units") or [] if unit.get("load_state") != "not-found"]
@@ -241,7 +250,8 @@ def llama_status_table(report, now=None):
     now = time.time() if now is None else now
     nodes = [("host", "role", "address", "build", "RAM used/total", "clock", "master holds it", "RPC cache")]
     units = [("host", "unit", "state", "for", "restarts", "memory")]
-    devices = [("device", "host", "layers", "planned", "its RPC server holds")]
+    devices = [("device", "host", "layers planned", "loaded", "bytes planned", "weights loaded",
+                "its RPC server holds")]
     for node in report["nodes"]:
         if node.get("unreachable"):
             nodes.append((node["host"], node["role"], node["address"] or "?", "unreachable", "", "", "", ""))
@@ -265,8 +275,9 @@ def llama_status_table(report, now=None):
         held = next((unit["memory_bytes"] for unit in node["units"] if unit["name"] == "llama-rpc-server.service"),
                     None)
         for device in node["devices"]:
-            devices.append((device["name"], node["host"], device["layers"], _size(device["planned_bytes"]),
-                            _size(held)))
+            devices.append((device["name"], node["host"], device["layers"],
+                            "?" if device.get("layers_loaded") is None else device["layers_loaded"],
+                            _size(device["planned_bytes"]), _size(device.get("loaded_bytes")), _size(held)))
         for gpu in node["gpus"]:
             units.append((node["host"], f"GPU{gpu['index']} {gpu['name']}", "", "", "",
                           f"{gpu['used_mib']}/{gpu['total_mib']} MiB"))

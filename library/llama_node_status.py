@@ -118,6 +118,13 @@ load_s:
       (no active llama-server here, still loading, or the journal no longer has the line).
   returned: success
   type: float
+loaded:
+  description:
+    - What llama-server loaded onto each of its devices, from its journal's load log, C({device -> {layers,
+      model_bytes}}). C(layers) is null unless llama-server logs at debug level (C(--verbose)); empty without an active
+      llama-server here.
+  returned: success
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

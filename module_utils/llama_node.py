@@ -148,15 +148,53 @@ def parse_loaded(text, started):
     return None
 
 
+# llama.cpp's load log, per device: "using device RPC0 (10.0.0.2:50052) ..." names each device (an RPC device by its
+# endpoint); "layer 3 assigned to device RPC0, ..." (a debug line: --verbose only) places each layer; "RPC0[10.0.0.2:50052]
+# model buffer size = 40.51 MiB" (an RPC buffer named by its endpoint) or "CUDA0 model buffer size = ..." sizes the
+# weights each device holds.
+_USING = re.compile(r"using device (\S+) \(([^)]*)\)")
+_ASSIGNED = re.compile(r"layer\s+\d+ assigned to device ([^\s,]+)")
+_BUFFER = re.compile(r"\s(\S+?)(?:\[([^\]]+)\])? model buffer size =\s*([\d.]+) MiB")
+LOAD_LOG = "model loaded|using device|assigned to device|model buffer size"
+
+
+def parse_devices(text):
+    """What llama-server loaded onto each of its devices, from its load log (the lines of one process): {device:
+    {layers, model_bytes}}; layers is null without llama.cpp's debug log (--verbose), model_bytes null where the log
+    has no buffer of that device. Host buffers (CPU, CPU_Mapped) are not devices of the plan and are left out."""
+    devices, endpoints = {}, {}
+    for line in str(text).splitlines():
+        using = _USING.search(line)
+        if using:
+            devices.setdefault(using.group(1), {"layers": None, "model_bytes": None})
+            endpoints.setdefault(using.group(2), []).append(using.group(1))
+            continue
+        assigned = _ASSIGNED.search(line)
+        if assigned:
+            device = devices.setdefault(assigned.group(1), {"layers": None, "model_bytes": None})
+            device["layers"] = (device["layers"] or 0) + 1
+            continue
+        buffer = _BUFFER.search(line)
+        if buffer:
+            name, endpoint, mib = buffer.groups()
+            # An RPC buffer names the endpoint, not the device: the device is the one llama.cpp uses there.
+            owners = endpoints.get(endpoint, []) if endpoint else [name]
+            if len(owners) == 1 and owners[0] in devices:
+                devices[owners[0]]["model_bytes"] = int(float(mib) * 1048576)
+    return devices
+
+
 def server_load(pid, started, known=None):
-    """parse_loaded() for llama-server's process `pid`; `known` ({pid, load_s}) answers without reading the journal
-    when it is about the same process (the exporter keeps it between runs: a --verbose journal is long)."""
-    if known and known.get("pid") == pid and known.get("load_s") is not None:
-        return known["load_s"]
+    """What llama-server's process `pid` (started at `started`, epoch s) loaded, from its journal: {load_s
+    (parse_loaded), devices (parse_devices)}. `known` (the same, with its pid) answers without reading the journal
+    when it is about the same process and complete (the exporter keeps it between runs: a --verbose journal is
+    long)."""
+    if known and known.get("pid") == pid and known.get("load_s") is not None and "devices" in known:
+        return {"load_s": known["load_s"], "devices": known["devices"]}
     # Since the process started: a PID of an earlier process (another boot, a restarted container) is not it.
     since = ["--since", f"@{max(int(started) - 1, 0)}"] if started else []
-    found = _run(["journalctl", f"_PID={pid}", *since, "-o", "short-unix", "--no-pager", "-q", "-g", "model loaded"])
-    return parse_loaded(found or "", started)
+    found = _run(["journalctl", f"_PID={pid}", *since, "-o", "short-unix", "--no-pager", "-q", "-g", LOAD_LOG]) or ""
+    return {"load_s": parse_loaded(found, started), "devices": parse_devices(found)}
 
 
 def cache_usage(path):
@@ -212,7 +250,7 @@ def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_fi
     current_link = os.path.join(install_root, "current")
     result = {"build": {}, "current": "", "switched": 0, "units": [], "cmdline": [], "connections": [], "plan": {},
               "memory": parse_meminfo(_read("/proc/meminfo") or ""), "gpus": [], "cache": None, "clock": None,
-              "front": None, "load_s": None}
+              "front": None, "load_s": None, "loaded": {}}
     if os.path.islink(current_link):
         result["current"] = os.path.realpath(current_link)
         result["switched"] = int(os.lstat(current_link).st_mtime)
@@ -234,7 +272,8 @@ def read_node(install_root="/opt/llama.cpp", units=(), server_unit=None, plan_fi
         cmdline = _read(f"/proc/{server['main_pid']}/cmdline")
         result["cmdline"] = cmdline.rstrip("\0").split("\0") if cmdline else []
         if server["active_state"] == "active":
-            result["load_s"] = server_load(server["main_pid"], server["started"], known_load)
+            load = server_load(server["main_pid"], server["started"], known_load)
+            result["load_s"], result["loaded"] = load["load_s"], load["devices"]
     result["connections"] = parse_connections(_run(["ss", "-Htn", "state", "established"]) or "")
     if plan_file:
         result["plan"] = parse_plan(_read(plan_file) or "")
@@ -264,6 +303,10 @@ METRICS = {
     "llama_cluster_rpc_endpoints_connected": ("gauge", "On the master: those llama-server holds a connection to."),
     "llama_cluster_device_planned_layers": ("gauge", "On the master: the layers the plan gives each device."),
     "llama_cluster_device_planned_bytes": ("gauge", "On the master: the bytes the plan estimates on each device."),
+    "llama_cluster_device_loaded_layers": ("gauge", "On the master: the layers llama.cpp placed on each device (its "
+                                                    "load log; llama-server with --verbose only)."),
+    "llama_cluster_device_loaded_bytes": ("gauge", "On the master: the model weights llama.cpp loaded onto each device "
+                                                   "(its load log's model buffer)."),
     "llama_cluster_model_info": ("gauge", "On the master: the served model (1), by source, sha256 and mode."),
     "llama_cluster_model_load_seconds": ("gauge", "On the master: how long llama-server took from its start to its "
                                                   "model loaded (the running process; absent while it loads)."),
@@ -345,6 +388,11 @@ def node_metrics(read, node, now=None):
             labels = {"device": device, "host": hosts.get(device, "")}
             samples.append(("llama_cluster_device_planned_layers", labels, end - first))
             samples.append(("llama_cluster_device_planned_bytes", labels, size))
+            loaded = (read.get("loaded") or {}).get(device) or {}
+            if loaded.get("layers") is not None:
+                samples.append(("llama_cluster_device_loaded_layers", labels, loaded["layers"]))
+            if loaded.get("model_bytes") is not None:
+                samples.append(("llama_cluster_device_loaded_bytes", labels, loaded["model_bytes"]))
         model = record.get("model") or {}
         if model:
             samples.append(("llama_cluster_model_info", {"source": model.get("source", ""),
@@ -386,8 +434,10 @@ def export(config_path, out_path):
     read = read_node(**config["read"], known_load=state.get("load"))
     text = node_metrics(read, config["node"])
     server = next((unit for unit in read["units"] if unit["name"] == config["read"].get("server_unit")), None)
-    if server and read["load_s"] is not None and state.get("load", {}).get("pid") != server["main_pid"]:
-        _write_atomically(state_path, json.dumps({"load": {"pid": server["main_pid"], "load_s": read["load_s"]}}))
+    if server and read["load_s"] is not None and state.get("load") != dict(pid=server["main_pid"], load_s=read["load_s"],
+                                                                           devices=read["loaded"]):
+        _write_atomically(state_path, json.dumps({"load": {"pid": server["main_pid"], "load_s": read["load_s"],
+                                                           "devices": read["loaded"]}}))
     _write_atomically(out_path, text)
 
 

@@ -17,6 +17,7 @@ from llama_verify import llama_status_report
 
 NODE_READER = Path(__file__).resolve().parents[2] / "module_utils" / "llama_node.py"
 NOW = 1_800_000_000.0
+MIB = 1 << 20
 BUILD = {"commit": "0c1e57098bba" + "0" * 28, "backend": "cpu", "rpc_proto": "3.0.0",
          "build_id": "llama.cpp-0c1e57098bba-cpu-debian12-x86_64-32ce5720006e"}
 SHOW = """Id=llama-rpc-server.service
@@ -137,17 +138,24 @@ def cluster(master_connections=(("10.0.0.1:40000", "10.0.0.2:50052"), ("10.0.0.1
     ]
 
 
+def row(table, first):
+    """The cells (split at blanks) of the table's line that begins with `first`."""
+    return next(line.split() for line in table.splitlines() if line.startswith(first + " "))
+
+
 def test_a_healthy_cluster_in_one_table():
     report = llama_status_report(cluster(), now=NOW)
     assert report["healthy"] and report["problems"] == []
     table = "\n".join(report["table"])
     assert table.splitlines()[-1] == "healthy"
     rows = {row["host"]: row for row in report["nodes"]}
-    assert rows["worker1"]["devices"] == [{"name": "RPC0", "layers": "0-15", "planned_bytes": 60 << 20}]
+    assert rows["worker1"]["devices"] == [{"name": "RPC0", "layers": "0-15", "planned_layers": 16,
+                                           "planned_bytes": 60 << 20, "layers_loaded": None, "loaded_bytes": None}]
     assert rows["worker2"]["devices"][0]["layers"] == "16-30+out"
     assert rows["worker1"]["connected"] is True and rows["master"]["connected"] is None
     assert "worker1  worker" in table and "0c1e570 cpu rpc 3.0.0" in table and "10m" in table
-    assert "RPC1    worker2  16-30+out  55 MiB   80 MiB" in table
+    assert "device  host     layers planned  loaded  bytes planned  weights loaded  its RPC server holds" in table
+    assert row(table, "RPC1") == ["RPC1", "worker2", "16-30+out", "?", "55", "MiB", "?", "80", "MiB"]
     assert "model: /srv/models/m.gguf, sha256 abababababab, stage mode" in table
     assert "front on master: 1 requests held, 4 client connections" in table
     assert "loaded in" not in table  # llama-server's load unknown (loading, or its journal rotated away)
@@ -306,7 +314,52 @@ def test_the_model_load_is_the_journal_time_less_the_start_for_an_older_tree():
 
 
 def test_a_known_load_of_the_same_process_is_not_read_again():
-    assert llama_node.server_load(1969, 1796396790, known={"pid": 1969, "load_s": 2.1}) == 2.1
+    known = {"pid": 1969, "load_s": 2.1, "devices": {"RPC0": {"layers": 16, "model_bytes": 1 << 20}}}
+    assert llama_node.server_load(1969, 1796396790, known=known) == {"load_s": 2.1, "devices": known["devices"]}
+
+
+# llama-server 0c1e570's load log with --verbose (short-unix, trimmed): two RPC workers, the second holding the output
+# layer; its two RPC buffers both named RPC0, told apart by their endpoints.
+LOAD_LOG = """1796396794.1 m llama-server[9]: 0.00.035.007 I llama_prepare_model_devices: using device RPC0 (10.0.0.2:50052) (unknown id) - 24105 MiB free
+1796396794.1 m llama-server[9]: 0.00.035.438 I llama_prepare_model_devices: using device RPC1 (10.0.0.3:50052) (unknown id) - 24105 MiB free
+""" + "".join(f"1796396794.2 m llama-server[9]: 0.00.069.740 D load_tensors: layer {i:3d} assigned to device "
+              f"RPC{0 if i < 16 else 1}, is_swa = 0\n" for i in range(31)) + """1796396794.3 m llama-server[9]: 0.00.091.747 I load_tensors:   CPU_Mapped model buffer size =    31.25 MiB
+1796396794.3 m llama-server[9]: 0.00.091.754 I load_tensors: RPC0[10.0.0.2:50052] model buffer size =    40.50 MiB
+1796396794.3 m llama-server[9]: 0.00.091.760 I load_tensors: RPC0[10.0.0.3:50052] model buffer size =    38.00 MiB
+"""
+
+
+def test_what_llama_cpp_loaded_per_device_comes_from_its_load_log():
+    assert llama_node.parse_devices(LOAD_LOG) == {"RPC0": {"layers": 16, "model_bytes": int(40.5 * MIB)},
+                                                  "RPC1": {"layers": 15, "model_bytes": 38 * MIB}}
+    # Without --verbose llama.cpp does not log where each layer went: the bytes only.
+    quiet = "\n".join(line for line in LOAD_LOG.splitlines() if "assigned" not in line)
+    assert llama_node.parse_devices(quiet)["RPC1"] == {"layers": None, "model_bytes": 38 * MIB}
+    # A local GPU's buffer is named by the device itself.
+    local = ("1 m llama-server[9]: using device CUDA0 (NVIDIA H200) (0000:01:00.0) - 140000 MiB free\n"
+             "1 m llama-server[9]: load_tensors:        CUDA0 model buffer size =  1024.00 MiB\n")
+    assert llama_node.parse_devices(local) == {"CUDA0": {"layers": None, "model_bytes": 1024 * MIB}}
+    assert llama_node.parse_devices("") == {}
+
+
+def test_status_and_metrics_show_what_was_loaded_beside_the_plan():
+    nodes = cluster()
+    nodes[0]["status"]["loaded"] = llama_node.parse_devices(LOAD_LOG)
+    report = llama_status_report(nodes, now=NOW)
+    assert report["healthy"], report["problems"]
+    assert row(report["text"], "RPC0") == ["RPC0", "worker1", "0-15", "16", "60", "MiB", "40", "MiB", "80", "MiB"]
+    samples = exposition(llama_node.node_metrics(nodes[0]["status"], nodes[0], now=NOW))
+    assert samples[("llama_cluster_device_loaded_layers", 'device="RPC1",host="worker2"')] == 15
+    assert samples[("llama_cluster_device_loaded_bytes", 'device="RPC0",host="worker1"')] == int(40.5 * MIB)
+
+
+def test_layers_placed_otherwise_than_planned_are_a_problem_with_the_fix():
+    nodes = cluster()
+    nodes[0]["status"]["loaded"] = {"RPC0": {"layers": 20, "model_bytes": None},
+                                    "RPC1": {"layers": 11, "model_bytes": None}}
+    report = llama_status_report(nodes, now=NOW)
+    assert not report["healthy"]
+    assert "worker1: llama.cpp placed 20 layers on RPC0, the plan 16 (fix: the plan's device order" in report["text"]
 
 
 def test_the_load_is_exported_on_the_master_only_when_known():

@@ -70,6 +70,10 @@ def test_every_node_is_scraped_and_every_worker_connected(master):
     by_host = http_json(master, PROMETHEUS_PORT, "/api/v1/query?query=" + urllib.parse.quote(
         "sum by (host) (llama_cluster_device_planned_layers)"), key=None)["data"]["result"]
     assert {sample["metric"]["host"] for sample in by_host} == set(WORKERS), by_host
+    # And what llama.cpp loaded there: the same layers (its --verbose load log), weights on each device.
+    assert query(master, "sum(llama_cluster_device_loaded_layers) - sum(llama_cluster_device_planned_layers)") == \
+        {"": 0}
+    assert query(master, "count(llama_cluster_device_loaded_bytes > 0)") == {"": len(WORKERS)}
     # llama-server's own metrics (through the API, with the key) and the front's (HAProxy's exporter).
     for job in ("llama-server", "llama-front"):
         assert query(master, f'up{{job="{job}"}}') == {"master": 1}, job

@@ -1,5 +1,5 @@
 """playbooks/status.yml on the running cluster: read-only (check mode reports no change), one row per node with the
-plan's devices and what each RPC server holds, `healthy`; with a worker's RPC server stopped it fails and names the
+plan's devices, what llama.cpp loaded onto each and what each RPC server holds, `healthy`; with a worker's RPC server stopped it fails and names the
 worker, the unit and the master that serves without it, with the fixes; the JSON report says the same."""
 
 import json
@@ -32,6 +32,11 @@ def test_a_healthy_cluster_in_check_mode(master, workers, tmp_path):
     planned = sorted((device["name"], device["layers"]) for row in rows.values() for device in row["devices"])
     assert [name for name, _ in planned] == [f"RPC{index}" for index in range(len(planned))]
     assert planned[-1][1].endswith("+out")
+    # What llama.cpp loaded (its load log; this scenario's llama-server runs with --verbose, which logs each layer's
+    # device): the plan's layers on each device, and some of the model's weights on each.
+    for device in (device for row in rows.values() for device in row["devices"]):
+        assert device["layers_loaded"] == device["planned_layers"], device
+        assert 0 < device["loaded_bytes"] <= device["planned_bytes"], device
     assert re.search(r"^model: /srv/models/cluster\.gguf, sha256 [0-9a-f]{12}, stage mode", report["text"], re.M)
     # How long the running llama-server took to load the model, from its journal.
     assert 0 < report["model"]["load_s"] < 180, report["model"]
