@@ -284,6 +284,9 @@ def llama_status_table(report, now=None):
     lines = _columns(nodes) + [""] + _columns(units)
     if len(devices) > 1:
         lines += [""] + _columns(devices)
+        if any("?" in (row[3], row[5]) for row in devices[1:]):
+            lines.append("(loaded ?: llama-server's log does not say; llama_server_log_verbosity 4 logs the weights, "
+                         "5 the layers too)")
     model = report.get("model") or {}
     if model:
         lines += ["", f"model: {model.get('source')}, sha256 {(model.get('sha256') or '?')[:12]}, {model.get('mode')} "

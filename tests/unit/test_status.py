@@ -156,6 +156,7 @@ def test_a_healthy_cluster_in_one_table():
     assert "worker1  worker" in table and "0c1e570 cpu rpc 3.0.0" in table and "10m" in table
     assert "device  host     layers planned  loaded  bytes planned  weights loaded  its RPC server holds" in table
     assert row(table, "RPC1") == ["RPC1", "worker2", "16-30+out", "?", "55", "MiB", "?", "80", "MiB"]
+    assert "(loaded ?: llama-server's log does not say; llama_server_log_verbosity 4" in table
     assert "model: /srv/models/m.gguf, sha256 abababababab, stage mode" in table
     assert "front on master: 1 requests held, 4 client connections" in table
     assert "loaded in" not in table  # llama-server's load unknown (loading, or its journal rotated away)
@@ -347,6 +348,7 @@ def test_status_and_metrics_show_what_was_loaded_beside_the_plan():
     nodes[0]["status"]["loaded"] = llama_node.parse_devices(LOAD_LOG)
     report = llama_status_report(nodes, now=NOW)
     assert report["healthy"], report["problems"]
+    assert "loaded ?" not in report["text"]
     assert row(report["text"], "RPC0") == ["RPC0", "worker1", "0-15", "16", "60", "MiB", "40", "MiB", "80", "MiB"]
     samples = exposition(llama_node.node_metrics(nodes[0]["status"], nodes[0], now=NOW))
     assert samples[("llama_cluster_device_loaded_layers", 'device="RPC1",host="worker2"')] == 15
