@@ -18,7 +18,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv bytecode docker ssh image fixtures lint unit checks docs molecule test test-cuda demo status collection demo-down clean
+.PHONY: help venv bytecode docker ssh image fixtures lint unit checks docs molecule test test-cuda demo status collection sanity demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -85,6 +85,9 @@ demo: venv bytecode fixtures  ## a local 3-container cluster serving a tiny mode
 
 collection: venv  ## the collection llamacpp.rpc_cluster (galaxy.yml) built from this checkout, in .cache/collection
 	$(VENV)/bin/python tools/collection.py build
+
+sanity: venv  ## ansible-test sanity on the built collection (its requirements from PyPI; shellcheck's test needs shellcheck)
+	$(VENV)/bin/python tools/collection.py sanity
 
 status: venv bytecode  ## the demo cluster at a glance: a row per node, then healthy or each problem and its fix
 	ansible-playbook playbooks/status.yml -i inventory/demo

@@ -49,7 +49,7 @@ def llama_bench_speeds(outputs, devices):
         raise AnsibleFilterError("llama_bench_speeds needs one llama-bench output per device, in the devices' "
                                  f"order: got {len(outputs)} outputs for {len(devices)} devices")
     measured = [_generation(output, device) for output, device in zip(outputs, devices)]
-    fastest = max(tps for tps, _ in measured)
+    fastest = max(tps for tps, _device in measured)
     speeds = {}
     for device, (tps, stddev) in zip(devices, measured):
         speeds.setdefault(device["host"], {})[device["local_name"]] = {

@@ -18,7 +18,7 @@ def listeners(text):
         fields = line.split()
         if len(fields) < 5:
             continue
-        address, _, port = fields[3].rpartition(":")
+        address, _colon, port = fields[3].rpartition(":")
         if not port.isdigit():
             raise AnsibleFilterError(f"llama_port_conflicts: cannot read the local address of {line!r}")
         rest = " ".join(fields[5:])

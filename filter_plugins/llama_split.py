@@ -348,7 +348,7 @@ def llama_split_given(devices, model, tensor_split, ctx_size=4096, reserve_fract
     device out of the user's values could move layers). Every device's estimate must stay within its
     budget like a planned split's.
     """
-    names, memory_mib, _ = _check_devices(devices)
+    names, memory_mib = _check_devices(devices)[:2]
     weights, kv_per_token = _check_model(model)
     _check_options(ctx_size, reserve_fraction, "memory")
     if isinstance(tensor_split, (list, tuple)) and len(tensor_split) != len(names):

@@ -271,7 +271,7 @@ def llama_status_table(report, now=None):
             if cache else "-"))
         for unit in node["units"]:
             units.append((node["host"], unit["name"].removesuffix(".service"), unit["state"],
-                           _ago(unit["since"], now), unit["restarts"], _size(unit["memory_bytes"])))
+                          _ago(unit["since"], now), unit["restarts"], _size(unit["memory_bytes"])))
         held = next((unit["memory_bytes"] for unit in node["units"] if unit["name"] == "llama-rpc-server.service"),
                     None)
         for device in node["devices"]:

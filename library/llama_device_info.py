@@ -31,7 +31,7 @@ options:
     description: The environment llama.cpp runs with on this host (llama_backend_environment).
     type: dict
     default: {}
-author: llamacpp-rpc-cluster
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -97,7 +97,7 @@ def parse_nvidia_smi(text):
             index, rest = line.split(",", 1)
             name, total = rest.rsplit(",", 1)
             gpus.append((int(index), name.strip(), int(float(total))))
-    return [(name, total) for _, name, total in sorted(gpus)]
+    return [(name, total) for _index, name, total in sorted(gpus)]
 
 
 def amd_gpus():

@@ -45,14 +45,16 @@ options:
         default: root
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Nothing is written; the result says what would change.
   diff_mode:
+    description: Returns what changed (or would change, in check mode) in diff mode.
     support: full
     details: One diff per changed file (its content; a changed mode or owner shows in the header).
 notes:
   - A symbolic link at a file's path is replaced by a regular file.
-author: llamacpp-rpc-cluster
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

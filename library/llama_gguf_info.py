@@ -27,12 +27,15 @@ options:
     choices: [f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl]
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Returns what changed (or would change, in check mode) in diff mode.
     support: none
 notes:
   - The output layer's bytes include C(token_embd.weight) when the model has tied embeddings (no
     C(output.weight)), because llama.cpp then loads that matrix a second time on the output layer's device.
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

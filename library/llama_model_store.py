@@ -55,9 +55,12 @@ options:
     default: []
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Returns what changed (or would change, in check mode) in diff mode.
     support: none
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -85,15 +88,15 @@ served:
   returned: inspect, finish, record
   type: dict
   contains:
-    source: {description: C(src)., type: str}
-    path: {description: The file llama-server opens (the staged copy, or C(src) in direct mode)., type: str}
-    ready: {description: Whether C(path) holds this content now., type: bool}
-    sha256: {description: The checksum when known (given, or recorded at staging)., type: str}
-    identity: {description: C(sha256), else C(SIZE-MTIME_NS) of the source; changes with the content., type: str}
-    fstype: {description: Filesystem type of the directory of C(path)., type: str}
-    network: {description: Whether C(path) is on a network filesystem (mmap is then never used)., type: bool}
-    mode: {description: C(stage) or C(direct)., type: str}
-    bytes: {description: Size of the model (all shards)., type: int}
+    source: {description: "C(src).", type: str}
+    path: {description: "The file llama-server opens (the staged copy, or C(src) in direct mode).", type: str}
+    ready: {description: "Whether C(path) holds this content now.", type: bool}
+    sha256: {description: "The checksum when known (given, or recorded at staging).", type: str}
+    identity: {description: "C(sha256), else C(SIZE-MTIME_NS) of the source; changes with the content.", type: str}
+    fstype: {description: "Filesystem type of the directory of C(path).", type: str}
+    network: {description: "Whether C(path) is on a network filesystem (mmap is then never used).", type: bool}
+    mode: {description: "C(stage) or C(direct).", type: str}
+    bytes: {description: "Size of the model (all shards).", type: int}
 source_fstype:
   description: Filesystem type of C(src)'s directory, and whether it is a network one.
   returned: inspect
@@ -204,7 +207,7 @@ def fingerprint(files):
 
 
 def identity(sha256, files):
-    return sha256 or "-".join(f"{size}-{mtime}" for _, size, mtime in files)
+    return sha256 or "-".join(f"{size}-{mtime}" for _path, size, mtime in files)
 
 
 class Failure(Exception):
@@ -219,8 +222,8 @@ def checksum_mismatch(src, actual, given):
 def inspect(params):
     src, stage_dir, mode, given = params["src"], params["stage_dir"], params["mode"], params["sha256"]
     files = source_files(src)
-    total = sum(size for _, size, _ in files)
-    source_fstype, _ = fstype_of(os.path.dirname(src))
+    total = sum(size for _path, size, _mtime in files)
+    source_fstype = fstype_of(os.path.dirname(src))[0]
     # Staged copies and direct files are recorded apart: a direct record names no copy.
     record = load_manifest(stage_dir).get("sources" if mode == "stage" else "direct", {}).get(src)
     unchanged = bool(record) and record.get("files") == fingerprint(files) and (
@@ -240,7 +243,7 @@ def inspect(params):
     staged = record.get("path") if unchanged else None
     inside = bool(staged) and os.path.dirname(os.path.dirname(staged)) == stage_dir.rstrip("/")
     if inside and os.path.isfile(staged) and os.path.getsize(staged) == files[0][1]:
-        fstype, _ = fstype_of(os.path.dirname(staged))
+        fstype = fstype_of(os.path.dirname(staged))[0]
         result["served"] = served(src, staged, True, record.get("sha256", ""), files, fstype, mode)
         return result
     # Not staged yet (or changed): the copy goes to STAGE_DIR/SHA12/ once hashed.
@@ -253,11 +256,11 @@ def inspect(params):
                       f"its filesystem has {human(usage.free)} free: free space there, set llama_models_stage_dir "
                       f"to a larger disk, or serve the file where it is with llama_model_mode: direct")
     pending = os.path.join(stage_dir, (given[:12] if given else "pending"), os.path.basename(src))
-    fstype, _ = fstype_of(target_parent)
+    fstype = fstype_of(target_parent)[0]
     result["served"] = served(src, pending, False, given, files, fstype, mode)
     step = params["chunk_mib"] << 20
     done = 0
-    for index, (path, size, _) in enumerate(files):
+    for index, (path, size, _mtime) in enumerate(files):
         for offset in range(0, max(size, 1), step):
             length = min(step, size - offset)
             done += length
@@ -270,7 +273,7 @@ def inspect(params):
 def served(src, path, ready, sha256, files, fstype, mode):
     return {"source": src, "path": path, "ready": ready, "sha256": sha256, "identity": identity(sha256, files),
             "fstype": fstype, "network": is_network(fstype), "mode": mode,
-            "bytes": sum(size for _, size, _ in files)}
+            "bytes": sum(size for _path, size, _mtime in files)}
 
 
 def copy_chunk(params):
@@ -303,7 +306,7 @@ def finish(params):
     files = source_files(src)
     try:
         hashes = {}
-        for path, size, _ in files:
+        for path, size, _mtime in files:
             copy = os.path.join(incoming, os.path.basename(path))
             if not os.path.isfile(copy) or os.path.getsize(copy) != size:
                 raise Failure(f"the staged copy of {path} is incomplete ({copy}): the source changed during the "
@@ -338,7 +341,7 @@ def finish(params):
     manifest["sources"][src] = {"files": fingerprint(files), "sha256": actual, "shards": hashes, "path": path,
                                 "staged": int(time.time())}
     save_manifest(stage_dir, manifest)
-    fstype, _ = fstype_of(target)
+    fstype = fstype_of(target)[0]
     return {"changed": True, "served": served(src, path, True, actual, files, fstype, "stage")}
 
 
@@ -349,7 +352,7 @@ def record(params):
     manifest = load_manifest(stage_dir)
     manifest.setdefault("direct", {})[src] = {"files": fingerprint(files), "sha256": params["sha256"]}
     save_manifest(stage_dir, manifest)
-    fstype, _ = fstype_of(os.path.dirname(src))
+    fstype = fstype_of(os.path.dirname(src))[0]
     return {"changed": True, "served": served(src, src, True, params["sha256"], files, fstype, "direct")}
 
 

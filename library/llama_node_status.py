@@ -43,11 +43,13 @@ options:
     default: true
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The module only reads.
   diff_mode:
+    description: Returns what changed (or would change, in check mode) in diff mode.
     support: none
-author: llamacpp-rpc-cluster
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

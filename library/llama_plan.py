@@ -59,8 +59,9 @@ options:
     default: {}
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-author: llamacpp-rpc-cluster
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

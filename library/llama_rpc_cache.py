@@ -34,16 +34,18 @@ options:
     type: float
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Nothing is removed; the result says what would be.
   diff_mode:
+    description: Returns what changed (or would change, in check mode) in diff mode.
     support: none
 notes:
   - The RPC server only reads an entry when a client loads that tensor again, so on a file system mounted
     C(noatime) the last use is the time the entry was written.
   - Removing an entry while a server is running is safe; the server writes it again the next time a client
     sends that tensor.
-author: llamacpp-rpc-cluster
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -191,7 +193,7 @@ def main():
 
     removed = []
     removed_bytes = 0
-    for _, name, size in removals:
+    for _used, name, size in removals:
         if not module.check_mode:
             try:
                 os.unlink(os.path.join(rpc_dir, name))

@@ -118,7 +118,7 @@ class _Reader:
             item_type, count = self.unpack("IQ", what)
             if item_type in _SCALAR_FORMATS:
                 return list(self.unpack(_SCALAR_FORMATS[item_type], what, count))
-            return [self.value(item_type, what) for _ in range(count)]
+            return [self.value(item_type, what) for _index in range(count)]
         if value_type in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[value_type], what)
         raise GGUFError(f"{self.path}: {what} has unknown GGUF value type {value_type}")

@@ -452,5 +452,6 @@ def _write_atomically(path, text):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: llama_node.py CONFIG.json OUT.prom  (role llama_metrics: the node's llama_cluster_* metrics)")
+        raise SystemExit("usage: llama_node.py CONFIG.json OUT.prom  (role llama_metrics: the node's llama_cluster_* "
+                         "metrics)")
     export(sys.argv[1], sys.argv[2])

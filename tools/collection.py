@@ -10,9 +10,16 @@ project's own content made fully qualified, since a collection's roles and playb
   plugins/modules/          library/*.py (the action plugins' docs too)
   plugins/action/           action_plugins/*.py
   plugins/module_utils/     module_utils/*.py; imports of ansible.module_utils.llama_* point there
+  tests/sanity/              ansible-test's ignore file: what the sanity tests report that stays, each with why
 Then `ansible-galaxy collection build`. Prints the tarball's path.
 
   tools/collection.py build [--out DIR]     (default DIR: .cache/collection)
+  tools/collection.py sanity [TEST...]      ansible-test sanity on the collection's tree (every test by default)
+
+ansible-test installs each test's requirements into a virtual environment of its own, from PyPI, and bootstraps pip
+there with a script it downloads from ci-files.testing.ansible.com, which is not reachable from every machine: the
+sanity command puts a stand-in of that script in ansible-test's cache first (pip run from its own wheel, fetched
+from PyPI), unless the real one is there.
 """
 
 import argparse
@@ -89,6 +96,7 @@ def stage(where):
     copy_tree(ROOT / "library", collection / "plugins" / "modules", python)
     copy_tree(ROOT / "action_plugins", collection / "plugins" / "action", python)
     copy_tree(ROOT / "module_utils", collection / "plugins" / "module_utils", python)
+    copy_tree(ROOT / "tests" / "sanity", collection / "tests" / "sanity")
     return collection
 
 
@@ -103,14 +111,58 @@ def build(out):
     return out / f"{GALAXY['namespace']}-{GALAXY['name']}-{GALAXY['version']}.tar.gz"
 
 
+# ansible-test's pip bootstrap (requirements.py, bootstrap()): a script run with pip's options and the packages to
+# install; this one installs them with pip run from its wheel beside it.
+PIP_VERSION = "24.2"
+GET_PIP = f"""\"\"\"Stand-in for pip's get-pip.py {PIP_VERSION} (written by tools/collection.py sanity): pip installs the
+packages asked for, run from its own wheel beside this file.\"\"\"
+import glob
+import os
+import runpy
+import sys
+
+wheel = glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pip-{PIP_VERSION}-*.whl"))[0]
+sys.path.insert(0, wheel)
+sys.argv = ["pip", "install"] + [arg for arg in sys.argv[1:] if arg not in ("--no-setuptools", "--no-wheel")]
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+"""
+
+
+def bootstrap_pip():
+    cache = Path.home() / ".ansible" / "test" / "cache"
+    script = cache / f"get_pip_{PIP_VERSION.replace('.', '_')}.py"
+    if script.exists():
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(cache),
+                    f"pip=={PIP_VERSION}"], check=True)
+    script.write_text(GET_PIP)
+
+
+def sanity(tests):
+    """ansible-test sanity on the collection's tree; its exit status."""
+    bootstrap_pip()
+    with tempfile.TemporaryDirectory() as tmp:
+        collection = stage(Path(tmp))
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        beside = Path(sys.executable).parent / "ansible-test"  # the virtual environment's, when run from it
+        argv = [str(beside) if beside.exists() else "ansible-test", "sanity", "--python", python,
+                *(f"--test={test}" for test in tests)]
+        return subprocess.run(argv, cwd=collection, check=False).returncode
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     built = sub.add_parser("build", help="build the collection's tarball")
     built.add_argument("--out", type=Path, default=ROOT / ".cache" / "collection")
+    checked = sub.add_parser("sanity", help="ansible-test sanity on the collection's tree")
+    checked.add_argument("tests", nargs="*", help="only these tests (ansible-test sanity --list-tests)")
     args = parser.parse_args()
     if args.command == "build":
         print(build(args.out))
+    else:
+        sys.exit(sanity(args.tests))
 
 
 if __name__ == "__main__":

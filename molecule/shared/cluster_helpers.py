@@ -164,6 +164,27 @@ def plays(output):
     return result
 
 
+# What playbooks/decommission.yml removes from a host: the project's units and paths (the metrics exporter's too).
+DECOMMISSIONED_UNITS = ["llama-front.service", "llama-server-watch.service", "llama-server.service",
+                        "llama-rpc-tls-clients.service", "llama-rpc-server.service", "llama-rpc-tls.service",
+                        "llama-firewall.service", "llama-cluster-exporter.service", "llama-cluster-exporter.timer"]
+DECOMMISSIONED_PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp",
+                        "/var/cache/llama-vulkan-shaders", "/var/lib/llama.cpp",
+                        "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch",
+                        "/usr/local/sbin/llama-rpc-session", "/usr/local/sbin/llama-switch"]
+
+
+def assert_decommissioned(host):
+    """Nothing of the project's is left on `host`: units, their files, paths, the service user and group."""
+    for unit in DECOMMISSIONED_UNITS:
+        assert host.run(f"systemctl show -p LoadState --value {unit}").stdout.strip() == "not-found", unit
+        assert not host.file(f"/etc/systemd/system/{unit}").exists, unit
+    for path in DECOMMISSIONED_PATHS:
+        assert not host.file(path).exists, path
+    assert host.run("getent passwd llama").rc == 2
+    assert host.run("getent group llama").rc == 2
+
+
 def failure_messages(output):
     """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
     return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
@@ -293,12 +314,14 @@ _DECODE = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0, "see
 
 # Restart llama-server and time it until /health answers 200 (all in the container: no docker exec per poll).
 _LOAD = r"""
-import subprocess, time, urllib.request, urllib.error
+import subprocess, sys, time, urllib.request, urllib.error
 # Restarts in quick succession would hit systemd's start rate limit (5 in 10 s): reset its counter first.
 subprocess.run(["systemctl", "reset-failed", "llama-server.service"], check=True)
 start = time.monotonic()
 subprocess.run(["systemctl", "restart", "llama-server.service"], check=True)
 while True:
+    if time.monotonic() - start > 300:
+        sys.exit("llama-server did not answer /health with 200 within 300 s of its restart")
     try:
         with urllib.request.urlopen("http://127.0.0.1:%s/health", timeout=2) as response:
             if response.status == 200:

@@ -1,6 +1,7 @@
 """Models (role llama_models): a verified local copy by default; a network share (sshfs from the stranger: the
 kernel here has no NFS client) staged or read in place without mmap; bad files refused with the old model
-serving; new content at the same path restaged and restarted once; the real SmolLM2 model served."""
+serving; new content at the same path restaged and restarted once; the real SmolLM2 model served; last, the master and
+a worker decommissioned."""
 
 import hashlib
 import json
@@ -9,9 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from cluster_helpers import (SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect, failure_messages, http_json,
-                             main_pid, measure_serving, option, recap, run_playbook, single_process_completion,
-                             wait_health)
+from cluster_helpers import (SERVER_PORT, ApiClients, assert_decommissioned, assert_refused_in_preflight, cmdline,
+                             connect, failure_messages, http_json, main_pid, measure_serving, option, recap,
+                             run_playbook, single_process_completion, wait_health)
 from suite_report import figures
 
 MODELS = Path(os.environ["LLAMA_CACHE_DIR"]) / "models"
@@ -213,12 +214,28 @@ def test_an_nfs_share_as_far_as_this_kernel_allows(master):
     assert "mnt-nfs.automount" in generated
 
 
-def test_decommission_unmounts_the_share_and_removes_the_copies(master):
-    """Last of the scenario: playbooks/decommission.yml on the master unmounts the share, drops its fstab line
-    and removes the staged copies."""
+def test_decommission_removes_the_project_from_the_master_and_a_worker(master, workers):
+    """Last of the scenario: playbooks/decommission.yml on the deployed master and worker2 (nftables) removes the
+    project there - units, files, the service user, the firewall table, the share's mount and fstab line, the staged
+    copies - and touches nothing else: worker1 keeps serving its RPC port, behind its table; chrony, node-exporter and
+    the packages stay; a second run changes nothing."""
     assert master.run("findmnt /mnt/models").rc == 0
-    result = run_playbook("playbooks/decommission.yml", "--limit", "master", "-e", json.dumps(SHARE), timeout=600)
+    gone, kept = (master, workers["worker2"]), workers["worker1"]
+    limit = ("--limit", "master,worker2", "-e", json.dumps(SHARE))
+    result = run_playbook("playbooks/decommission.yml", *limit, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for host in gone:
+        assert_decommissioned(host)
+        assert "llama_cluster" not in host.check_output("nft list tables")
+        assert host.service("chrony.service").is_running and host.service("prometheus-node-exporter.service").is_running
+        assert host.run("dpkg-query -W -f '${db:Status-Status}' nftables chrony").stdout == "installedinstalled"
     assert master.run("findmnt /mnt/models").rc != 0
     assert "stranger:/srv/nas" not in master.file("/etc/fstab").content_string
     assert not master.file(STAGE_DIR).exists
+    assert master.package("haproxy").is_installed and master.service("prometheus.service").is_running
+    # The worker not named: its units, user and table as they were.
+    assert kept.service("llama-rpc-server.service").is_running and kept.run("getent passwd llama").rc == 0
+    assert "llama.cpp cluster: RPC" in kept.check_output("nft list table inet llama_cluster")
+    again = run_playbook("playbooks/decommission.yml", *limit, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert all(recap(again.stdout)[name]["changed"] == 0 for name in ("master", "worker2")), again.stdout[-3000:]

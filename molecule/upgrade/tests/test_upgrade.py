@@ -1,7 +1,8 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
-that change nothing, a switch that fails and is rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server,
-protocol 7, --load-mode), the drift check, a no-op re-run, the cluster healing itself and a rollback on purpose; the
-upgrade, the healing and the rollback under clients' requests (one asking every 0.5 s, 8 concurrent ones).
+that change nothing, a staged build that fails the gate, a master and a worker that fail in the switch and are
+rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server, protocol 7, --load-mode), the drift check, a no-op
+re-run, the cluster healing itself, a rollback on purpose and the README's rollback by hand; the upgrade, the healing
+and the rollback under clients' requests (one asking every 0.5 s, 8 concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -12,8 +13,8 @@ import subprocess
 import time
 
 import pytest
-from cluster_helpers import (SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect, container,
-                             failure_messages, http_json, main_pid, plays, recap, run_playbook, wait_health,
+from cluster_helpers import (PROJECT, SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect,
+                             container, failure_messages, http_json, main_pid, plays, recap, run_playbook, wait_health,
                              wait_restarted)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
@@ -135,6 +136,44 @@ def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
     assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
 
 
+def staged_dir(host, active):
+    """The build directory beside the active build `active` (BUILD-INFO): the one a try before staged."""
+    return next(path for path in host.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()
+                if not path.endswith(active["build_id"]))
+
+
+def test_a_staged_build_that_fails_the_gate_stops_before_any_switch(builder, node, before):
+    """The worker's staged RPC server binary damaged (not executable) after the try before staged it: the stage
+    keeps it (its BUILD-INFO is right), the gate names the node, the binary and the fix; nothing is switched."""
+    binary = f"{staged_dir(node, before['builds']['node'])}/bin/ggml-rpc-server"
+    node.check_output(f"chmod a-x {binary}")
+    try:
+        result, output = upgrade()
+    finally:
+        node.check_output(f"chmod a+x {binary}")
+    assert result.returncode != 0, output[-3000:]
+    messages = failure_messages(output)
+    assert any(message.startswith(f"node: the staged build has no executable {binary}. Nothing was switched; the "
+                                  f"old build serves. Remove {binary.rsplit('/bin/', 1)[0]} and run upgrade.yml")
+               for message in messages), messages
+    assert "Check the staged build on every node]" in output and "Save the rollback point]" not in output
+    assert_serving(builder, node, before["builds"]["node"], before["answer"])
+
+
+def test_a_worker_that_fails_in_the_switch_sends_every_node_back(builder, node, before):
+    """The new RPC server refuses a flag (injected for the test) and never listens: the worker's switch waits for
+    its port (llama_rpc_ready_timeout) and fails naming its unit; every node goes back to the saved build."""
+    result, output = upgrade("-e", json.dumps({"llama_rpc_extra_args": ["--no-such-flag"], "llama_rpc_ready_timeout": 10,
+                                               "llama_server_health_timeout": 30}))
+    assert result.returncode != 0, output[-3000:]
+    old = before["builds"]["node"]
+    (message,) = [text for text in failure_messages(output) if text.startswith(f"The upgrade to {NEW} failed - ")]
+    assert re.search(r"node: Switch this node in one step: .*llama-switch: wait for \S+ to listen failed: nothing "
+                     r"listens within 10 s \(llama-rpc-server\.service ", message), message
+    assert f"Every node is back on {old['build_id']} ({OLD}) and the cluster serves" in message
+    assert_serving(builder, node, old, before["answer"])
+
+
 def clients(builder):
     """The continuity tests' clients (one asking every 0.5 s, 8 concurrent ones) through the front; no API key."""
     return ApiClients(builder, key=None)
@@ -249,3 +288,35 @@ def test_a_worker_only_change_reconnects_the_master(builder, node):
     assert main_pid(node, "llama-rpc-server.service") != workers_before
     assert main_pid(builder, "llama-server.service") != master_before
     assert "Completion served through RPC0" in output
+
+
+def readme_rollback_by_hand():
+    """The commands of the README's "Rolling back by hand", in its order, each with where its comment (or its unit)
+    says it runs: (master|worker|every, command)."""
+    text = (PROJECT / "README.md").read_text()
+    block = re.search(r"\*\*Rolling back by hand\*\*.*?```sh\n(.*?)```", text, re.S).group(1).replace("\\\n", "")
+    steps = []
+    for line in block.splitlines():
+        command = line.split("  #", 1)[0].strip()
+        if command:
+            where = ("master" if "llama-server.service" in command else
+                     "worker" if "llama-rpc-server.service" in command else "every")
+            steps.append((where, command))
+    return steps
+
+
+def test_the_readme_s_rollback_by_hand_returns_to_the_replaced_build(builder, node, before):
+    """After an upgrade, the README's rollback by hand (for when Ansible cannot run), followed as written: the
+    replaced build serves again, and the units are those site.yml renders for it."""
+    result, output = upgrade()
+    assert result.returncode == 0, output[-3000:]
+    assert build(node)["commit"] == NEW
+    steps = readme_rollback_by_hand()
+    assert [where for where, _ in steps] == ["master", "worker", "every", "every", "every", "worker", "master"], steps
+    for where, command in steps:
+        for host in {"master": (builder,), "worker": (node,), "every": (builder, node)}[where]:
+            host.check_output(command)
+    wait_health(builder, SERVER_PORT)
+    assert_serving(builder, node, before["builds"]["node"], before["answer"])
+    again = run_playbook("site.yml")
+    assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]

@@ -31,8 +31,8 @@ stop() {
   status=0
   # One rule a line: `ufw - <ufw rule words>` or `firewalld <zone> <rich rule>`.
   while read -r kind zone rule; do
+    # shellcheck disable=SC2086 # the rule is ufw's words, split on purpose
     case $kind in
-      # shellcheck disable=SC2086 # the rule is ufw's words, split on purpose
       ufw) ufw delete $rule >/dev/null || status=1 ;;
       firewalld) firewall-cmd --zone="$zone" --remove-rich-rule="$rule" >/dev/null || status=1 ;;
     esac
