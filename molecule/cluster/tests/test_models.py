@@ -214,6 +214,26 @@ def test_an_nfs_share_as_far_as_this_kernel_allows(master):
     assert "mnt-nfs.automount" in generated
 
 
+def test_a_prune_on_request_drops_the_tensors_no_load_used(master, workers):
+    """llama_rpc_cache_prune: an entry of the workers' tensor cache that no load used since the RPC server started (a
+    stale one, planted) stays in a run without it and goes in a run with it, alone: the served model's tensors stay,
+    and the cluster serves."""
+    worker = workers["worker1"]
+    stale = "/var/cache/llama.cpp/rpc/" + "ab" * 8
+    worker.check_output(f"head -c 65536 /dev/zero > {stale} && touch -a -m -d 2020-01-01 {stale}")
+    served = {"llama_model_path": "/mnt/models/smollm2.gguf", "llama_model_sha256": SMOLLM2_SHA256}
+    result, output = deploy(**served)
+    assert result.returncode == 0, output[-4000:]
+    assert worker.file(stale).exists
+    assert re.search(r"worker1: rpc cache /var/cache/llama\.cpp: \d+ entries, .*; nothing to remove", output), output
+    result, output = deploy(llama_rpc_cache_prune=True, **served)
+    assert result.returncode == 0, output[-4000:]
+    assert not worker.file(stale).exists
+    assert re.search(r"worker1: rpc cache /var/cache/llama\.cpp: \d+ entries, .*; removed 1 \(64 KiB\)", output), output
+    wait_health(master, SERVER_PORT)
+    assert "Paris" in http_json(master, SERVER_PORT, "/completion", FRANCE)["content"]
+
+
 def test_decommission_removes_the_project_from_the_master_and_a_worker(master, workers):
     """Last of the scenario: playbooks/decommission.yml on the deployed master and worker2 (nftables) removes the
     project there - units, files, the service user, the firewall table, the share's mount and fstab line, the staged

@@ -1,6 +1,8 @@
-"""Switching llama_rpc_transport on a running cluster, both ways, by re-running site.yml; the same greedy output
-either way, and no request of clients asking through the front during the switch to tls fails. Measures, on the same containers, the model load (llama-server start to /health 200) and the decode
-speed of a 64-token completion with plain and with tls, and prints them side by side."""
+"""Switching llama_rpc_transport on a running cluster, both ways, by re-running site.yml (back to plain, no key,
+certificate or TLS unit stays on any host); the same greedy output either way, and no request of clients asking
+through the front during the switch to tls fails. Measures, on the same containers, the model load (llama-server
+start to /health 200) and the decode speed of a 64-token completion with plain and with tls, and prints them side
+by side."""
 
 import json
 import os
@@ -26,6 +28,11 @@ def measured(master, workers):
     found["plain_units"] = {name: host.service("llama-rpc-tls.service").is_running for name, host in workers.items()}
     found["plain_listeners"] = {name: host.check_output(f"ss -Hltn sport = :{RPC_PORT}").split()[3]
                                 for name, host in workers.items()}
+    # What TLS left on each host: its units' files and its directory (the key, the certificates, the configuration).
+    found["plain_tls_files"] = {
+        name: [path for path in ("/etc/llama.cpp/tls", "/etc/systemd/system/llama-rpc-tls.service",
+                                 "/etc/systemd/system/llama-rpc-tls-clients.service") if host.file(path).exists]
+        for name, host in dict(workers, master=master).items()}
     found["plain"] = measure_serving(master, runs=3)
     found["plain_output"] = cluster_completion(master)["content"]
     with ApiClients(master) as clients:
@@ -43,6 +50,8 @@ def test_switch_to_plain_removes_the_tls_layer(measured, workers):
     assert option(measured["plain_args"], "--rpc") == ",".join(network_endpoints(workers))
     assert not any(measured["plain_units"].values())
     assert measured["plain_listeners"] == {name: f"{address(host)}:{RPC_PORT}" for name, host in workers.items()}
+    # No key, certificate or TLS unit stays behind on any host.
+    assert all(left == [] for left in measured["plain_tls_files"].values()), measured["plain_tls_files"]
 
 
 def test_no_request_fails_during_the_switch_to_tls(measured):

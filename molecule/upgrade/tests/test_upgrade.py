@@ -320,3 +320,37 @@ def test_the_readme_s_rollback_by_hand_returns_to_the_replaced_build(builder, no
     assert_serving(builder, node, before["builds"]["node"], before["answer"])
     again = run_playbook("site.yml")
     assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
+
+
+def test_verify_names_a_process_started_before_current_was_switched(node):
+    """The worker's active build and unit agree, but current was pointed at it after the RPC server started (a switch
+    by hand without a restart): the process runs the build before, and verify.yml says so, naming the unit."""
+    switched = node.check_output("stat -c %Y /opt/llama.cpp/current")
+    node.check_output(f"touch -h -d @{int(time.time()) + 60} /opt/llama.cpp/current")
+    try:
+        result = run_playbook("playbooks/verify.yml")
+    finally:
+        node.check_output(f"touch -h -d @{switched} /opt/llama.cpp/current")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    (message,) = failure_messages(output)
+    assert re.search(r"^Drift: node: llama-rpc-server\.service was started before current was switched to "
+                     r"/opt/llama\.cpp/llama\.cpp-\S+: it still runs the build before \(restart it\)", message), message
+    assert run_playbook("playbooks/verify.yml").returncode == 0
+
+
+def test_builds_beyond_llamacpp_keep_builds_are_removed(builder, node):
+    """Retention: besides the active build, the one it replaced, then the newest others up to llamacpp_keep_builds;
+    an older build (planted, of the same layout) goes in the next site.yml, the replaced one stays."""
+    active = build(node)["build_id"]
+    planted = "/opt/llama.cpp/llama.cpp-000000000000-planted"
+    for host in (builder, node):
+        host.check_output(f"mkdir -p {planted}/bin && touch -d 2020-01-01 {planted}")
+    before = {host: sorted(host.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) for host in (builder, node)}
+    result = run_playbook("site.yml", "-e", "llamacpp_keep_builds=1")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    for host in (builder, node):
+        left = sorted(host.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split())
+        assert left == [path for path in before[host] if path != planted] and len(left) == 2, (before[host], left)
+        assert any(path.endswith(active) for path in left)
