@@ -32,6 +32,29 @@ def load_specs(role_dir):
     return yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text())["argument_specs"]
 
 
+def load_renamed(role_dir):
+    """{old name: {name: the new name, removed_in: the release}} of a role's meta/renamed.yml ({} without one)."""
+    path = role_dir / "meta" / "renamed.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def renamed_in_use(host, role_dirs, values):
+    """(warnings, errors) for the variables set under a name their role replaced: the old name still works, with a
+    warning that names the new one; both names set at once is an error."""
+    warnings, errors = [], []
+    for role_dir in role_dirs.values():
+        for old, new in sorted(load_renamed(role_dir).items()):
+            if old not in values:
+                continue
+            if new["name"] in values:
+                errors.append(f"{host}: both {old} and {new['name']} are set: {old} is the name {new['name']} had "
+                              f"before. Remove {old} from the inventory.")
+            else:
+                warnings.append(f"{host}: {old} is deprecated and works until {new['removed_in']}: rename it "
+                                f"{new['name']} in the inventory.")
+    return warnings, errors
+
+
 def owner(name, roles):
     """The role a variable belongs to: the longest role name that prefixes it (llama_server_port: llama_server)."""
     return max((role for role in roles if name.startswith(f"{role}_")), key=len, default=None)
@@ -71,7 +94,8 @@ def validate(host, roles, role_dirs, values, ignore=()):
     """
     specs = {role: load_specs(role_dir) for role, role_dir in role_dirs.items()}
     known = set(ignore) | {name for entries in specs.values() for entry in entries.values()
-                           for name in (entry.get("options") or {})}
+                           for name in (entry.get("options") or {})} \
+        | {old for role_dir in role_dirs.values() for old in load_renamed(role_dir)}
     messages = []
     for role in roles:
         if role not in specs:
@@ -119,6 +143,10 @@ class ActionModule(ActionBase):
             messages += validate(host, roles, role_dirs, values, ignore)
         except ValueError as err:
             return dict(result, failed=True, msg=str(err))
+        warnings, errors = renamed_in_use(host, role_dirs, values)
+        messages += errors
+        if warnings:
+            result["warnings"] = result.get("warnings", []) + warnings
         if messages:
             return dict(result, failed=True, msg=" ".join(messages), errors=messages)
         return dict(result, changed=False, msg=f"{host}: the variables of {', '.join(roles)} are valid")

@@ -12,6 +12,8 @@ description:
   - Fails on a variable that carries a role's prefix (C(llama_), C(llamacpp_), C(chrony_), ...) but that no
     role declares, suggesting the closest declared name (a typo would otherwise be ignored).
   - Each message names the host, the variable, what it must be and where it is documented.
+  - A variable set under the name a role replaced (listed in the role's C(meta/renamed.yml) with the release that
+    drops it) still works, with a warning naming the new one; setting both names at once fails.
 options:
   roles:
     description: Roles whose variables apply to this host.

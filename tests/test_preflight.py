@@ -42,3 +42,25 @@ def test_bad_inventory_fails_in_preflight(case, tmp_path, project):
     # Only the controller-side play ran: no cluster host was contacted, let alone changed.
     assert "PLAY [Preflight - cluster hosts]" not in output
     assert "does-not-exist" not in output
+
+
+def test_a_renamed_variable_still_works_with_a_warning_naming_the_new_one(tmp_path, project):
+    """llama_rollback_dir (llama_upgrade_rollback_dir since 1.1.0) passes the variable checks with a warning; set
+    beside its new name, it is an error naming both. (The next play would contact the hosts: these do not exist.)"""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    path = inventory(tmp_path, ["m1"], ["w1"])
+    commit = "-e llamacpp_commit=" + "0" * 40
+
+    def facts(extra):
+        result = subprocess.run(["ansible-playbook", "playbooks/facts.yml", "-i", str(path), *commit.split(), "-e",
+                                 extra], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        return result.returncode, " ".join((result.stdout + result.stderr).split())
+
+    code, output = facts("llama_rollback_dir=/srv/upgrade")
+    assert code != 0
+    assert ("[WARNING]: m1: llama_rollback_dir is deprecated and works until 2.0.0: rename it "
+            "llama_upgrade_rollback_dir in the inventory.") in output, output[-3000:]
+    assert "ok: [m1]" in output  # the variable checks passed; the failure is the next play's unreachable host
+    code, output = facts('{"llama_rollback_dir": "/srv/a", "llama_upgrade_rollback_dir": "/srv/b"}')
+    assert code != 0
+    assert "m1: both llama_rollback_dir and llama_upgrade_rollback_dir are set" in output, output[-3000:]

@@ -1,8 +1,11 @@
 """The controller-side actions: variable validation against the roles' specs, and the planner's messages."""
 
 import os
+import re
 
+import jinja2
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.errors import ArgumentTypeError
 from ansible.plugins.loader import filter_loader, init_plugin_loader
@@ -56,6 +59,30 @@ def test_secrets_are_not_echoed():
 
 def test_only_the_named_roles_variables_are_type_checked():
     assert check({"llama_server_port": "x"}, roles=["llama", "llama_rpc"]) == []
+
+
+def test_a_renamed_variable_works_with_a_warning_naming_the_new_one():
+    values = {"llama_rollback_dir": "/srv/upgrade"}
+    assert check(values, roles=("llama", "llama_upgrade")) == []  # known: no "not a variable of any role"
+    warnings, errors = validate_vars.renamed_in_use("m", ROLES, values)
+    assert errors == [] and warnings == ["m: llama_rollback_dir is deprecated and works until 2.0.0: rename it "
+                                         "llama_upgrade_rollback_dir in the inventory."]
+    warnings, errors = validate_vars.renamed_in_use("m", ROLES, dict(values, llama_upgrade_rollback_dir="/x"))
+    assert warnings == [] and errors[0].startswith("m: both llama_rollback_dir and llama_upgrade_rollback_dir are set")
+
+
+def test_the_renamed_variable_s_value_is_the_one_the_role_uses():
+    """The role reads each setting through a private name (its vars/main.yml): the old name where the inventory
+    sets it, else the new one."""
+    role = ROOT / "roles" / "llama_upgrade"
+    private = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    environment = jinja2.Environment()
+    for old, new in yaml.safe_load((role / "meta" / "renamed.yml").read_text()).items():
+        template = environment.from_string(private[f"__{new['name']}"])
+        assert template.render({old: "old", new["name"]: "new"}) == "old"
+        assert template.render({new["name"]: "new"}) == "new"
+        used = "".join(path.read_text() for path in (role / "tasks").glob("*.yml"))
+        assert f"__{new['name']}" in used and not re.search(rf"(?<!_){new['name']}|{old}", used)
 
 
 def test_ownership_is_the_longest_prefix():
