@@ -1,8 +1,9 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
 that change nothing, a staged build that fails the gate, a master and a worker that fail in the switch and are
 rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server, protocol 7, --load-mode), the drift check, a no-op
-re-run, the cluster healing itself, a rollback on purpose and the README's rollback by hand; the upgrade, the healing
-and the rollback under clients' requests (one asking every 0.5 s, 8 concurrent ones).
+re-run, the cluster healing itself, a rollback on purpose, the README's rollback by hand, the builds' retention and
+an upgrade under tls; the upgrade, the healing and the rollback under clients' requests (one asking every 0.5 s, 8
+concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -14,8 +15,8 @@ import time
 
 import pytest
 from cluster_helpers import (PROJECT, SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect,
-                             container, failure_messages, http_json, main_pid, plays, recap, run_playbook, wait_health,
-                             wait_restarted)
+                             container, failure_messages, http_json, main_pid, option, plays, recap, run_playbook,
+                             wait_health, wait_restarted)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
@@ -163,8 +164,8 @@ def test_a_staged_build_that_fails_the_gate_stops_before_any_switch(builder, nod
 def test_a_worker_that_fails_in_the_switch_sends_every_node_back(builder, node, before):
     """The new RPC server refuses a flag (injected for the test) and never listens: the worker's switch waits for
     its port (llama_rpc_ready_timeout) and fails naming its unit; every node goes back to the saved build."""
-    result, output = upgrade("-e", json.dumps({"llama_rpc_extra_args": ["--no-such-flag"], "llama_rpc_ready_timeout": 10,
-                                               "llama_server_health_timeout": 30}))
+    result, output = upgrade("-e", json.dumps({"llama_rpc_extra_args": ["--no-such-flag"],
+                                               "llama_rpc_ready_timeout": 10, "llama_server_health_timeout": 30}))
     assert result.returncode != 0, output[-3000:]
     old = before["builds"]["node"]
     (message,) = [text for text in failure_messages(output) if text.startswith(f"The upgrade to {NEW} failed - ")]
@@ -354,3 +355,26 @@ def test_builds_beyond_llamacpp_keep_builds_are_removed(builder, node):
         left = sorted(host.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split())
         assert left == [path for path in before[host] if path != planted] and len(left) == 2, (before[host], left)
         assert any(path.endswith(active) for path in left)
+
+
+def test_an_upgrade_under_tls_moves_every_node_behind_its_tls_layer(builder, node, before):
+    """The cluster switched to llama_rpc_transport tls, then upgraded and rolled back on purpose under it: the
+    worker's switch waits for its RPC server on 127.0.0.1 behind the terminator, llama-server dials its local TLS
+    client, and the answer is the same; then back to plain."""
+    tls = json.dumps({"llama_rpc_transport": "tls"})
+    result = run_playbook("site.yml", "-e", tls)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    result, output = upgrade("-e", tls)
+    assert result.returncode == 0, output[-4000:]
+    assert build(node)["commit"] == NEW and build(builder)["commit"] == NEW
+    assert node.service("llama-rpc-tls.service").is_running
+    assert builder.service("llama-rpc-tls-clients.service").is_running
+    assert option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").startswith("127.0.0.1:")
+    assert ask(builder) == before["answer"]
+    result = run_playbook("upgrade.yml", "-e", "llama_rollback=true", "-e", tls)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert build(node)["commit"] == OLD and ask(builder) == before["answer"]
+    result = run_playbook("site.yml")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert not node.service("llama-rpc-tls.service").is_running and ask(builder) == before["answer"]
