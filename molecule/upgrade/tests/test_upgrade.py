@@ -1,9 +1,9 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
 that change nothing, a staged build that fails the gate, a master and a worker that fail in the switch and are
 rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server, protocol 7, --load-mode), the drift check, a no-op
-re-run, the cluster healing itself, a rollback on purpose, the README's rollback by hand, the builds' retention and
-an upgrade under tls; the upgrade, the healing and the rollback under clients' requests (one asking every 0.5 s, 8
-concurrent ones).
+re-run, the cluster healing itself, a rollback on purpose, the README's rollback by hand, the builds' retention, an
+upgrade under tls and a fresh worker joining; the upgrade, the healing and the rollback under clients' requests (one
+asking every 0.5 s, 8 concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -378,3 +378,28 @@ def test_an_upgrade_under_tls_moves_every_node_behind_its_tls_layer(builder, nod
     result = run_playbook("site.yml")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert not node.service("llama-rpc-tls.service").is_running and ask(builder) == before["answer"]
+
+
+def test_a_fresh_worker_joins_the_running_cluster_on_its_build(builder, node, before, tmp_path):
+    """A fresh host added to llama_workers: site.yml installs the running build there from the artifact cache (no
+    compilation), the master's plan and --rpc take it in and the cluster answers; then it is decommissioned and the
+    cluster runs on its one worker again."""
+    joiner = connect("joiner")
+    extra = tmp_path / "joiner.yml"
+    extra.write_text("all:\n  children:\n    llama_workers:\n      hosts:\n        joiner:\n")
+    running = build(node)
+    result = run_playbook("site.yml", "-i", str(extra))  # beside the scenario's inventory
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert build(joiner)["build_id"] == running["build_id"]
+    assert "TASK [llamacpp : Compile the shipped targets]" not in output
+    endpoints = option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").split(",")
+    assert len(endpoints) == 2 and joiner.service("llama-rpc-server.service").is_running
+    assert ask(builder) == before["answer"]
+    assert joiner.check_output("ss -Htn state established '( sport = :50052 )'")  # the master holds it
+    result = run_playbook("playbooks/decommission.yml", "--limit", "joiner", "-i", str(extra))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    result = run_playbook("site.yml")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert len(option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").split(",")) == 1
+    assert ask(builder) == before["answer"]
