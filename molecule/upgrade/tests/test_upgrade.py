@@ -169,8 +169,8 @@ def test_a_worker_that_fails_in_the_switch_sends_every_node_back(builder, node, 
     assert result.returncode != 0, output[-3000:]
     old = before["builds"]["node"]
     (message,) = [text for text in failure_messages(output) if text.startswith(f"The upgrade to {NEW} failed - ")]
-    assert re.search(r"node: Switch this node in one step: .*llama-switch: wait for \S+ to listen failed: nothing "
-                     r"listens within 10 s \(llama-rpc-server\.service ", message), message
+    assert re.search(r"node: (?:\S+ : )?Switch this node in one step: .*llama-switch: wait for \S+ to listen failed: "
+                     r"nothing listens within 10 s \(llama-rpc-server\.service ", message, re.S), message
     assert f"Every node is back on {old['build_id']} ({OLD}) and the cluster serves" in message
     assert_serving(builder, node, old, before["answer"])
 
