@@ -149,9 +149,9 @@ def parse_loaded(text, started):
 
 
 # llama.cpp's load log, per device: "using device RPC0 (10.0.0.2:50052) ..." names each device (an RPC device by its
-# endpoint); "layer 3 assigned to device RPC0, ..." (a debug line: --verbose only) places each layer; "RPC0[10.0.0.2:50052]
-# model buffer size = 40.51 MiB" (an RPC buffer named by its endpoint) or "CUDA0 model buffer size = ..." sizes the
-# weights each device holds.
+# endpoint); "layer 3 assigned to device RPC0, ..." (a debug line: --verbose only) places each layer;
+# "RPC0[10.0.0.2:50052] model buffer size = 40.51 MiB" (an RPC buffer named by its endpoint) or "CUDA0 model buffer
+# size = ..." sizes the weights each device holds.
 _USING = re.compile(r"using device (\S+) \(([^)]*)\)")
 _ASSIGNED = re.compile(r"layer\s+\d+ assigned to device ([^\s,]+)")
 _BUFFER = re.compile(r"\s(\S+?)(?:\[([^\]]+)\])? model buffer size =\s*([\d.]+) MiB")
@@ -434,10 +434,9 @@ def export(config_path, out_path):
     read = read_node(**config["read"], known_load=state.get("load"))
     text = node_metrics(read, config["node"])
     server = next((unit for unit in read["units"] if unit["name"] == config["read"].get("server_unit")), None)
-    if server and read["load_s"] is not None and state.get("load") != dict(pid=server["main_pid"], load_s=read["load_s"],
-                                                                           devices=read["loaded"]):
-        _write_atomically(state_path, json.dumps({"load": {"pid": server["main_pid"], "load_s": read["load_s"],
-                                                           "devices": read["loaded"]}}))
+    load = {"pid": server["main_pid"], "load_s": read["load_s"], "devices": read["loaded"]} if server else None
+    if load and load["load_s"] is not None and state.get("load") != load:
+        _write_atomically(state_path, json.dumps({"load": load}))
     _write_atomically(out_path, text)
 
 
