@@ -1,4 +1,4 @@
-"""Ansible module llama_model_store: keep the served GGUF off mmap-over-the-network (role llama_models)."""
+"""Ansible module llama_model_store: keep the served GGUF off mmap-over-the-network (role llama_storage)."""
 
 DOCUMENTATION = r"""
 module: llama_model_store
@@ -253,7 +253,7 @@ def inspect(params):
     usage = shutil.disk_usage(target_parent)
     if usage.free < total + HEADROOM:
         raise Failure(f"staging {src} ({human(total)}) needs {human(total + HEADROOM)} free in {stage_dir}, but "
-                      f"its filesystem has {human(usage.free)} free: free space there, set llama_models_stage_dir "
+                      f"its filesystem has {human(usage.free)} free: free space there, set llama_storage_stage_dir "
                       f"to a larger disk, or serve the file where it is with llama_model_mode: direct")
     pending = os.path.join(stage_dir, (given[:12] if given else "pending"), os.path.basename(src))
     fstype = fstype_of(target_parent)[0]

@@ -64,3 +64,26 @@ def test_a_renamed_variable_still_works_with_a_warning_naming_the_new_one(tmp_pa
     code, output = facts('{"llama_rollback_dir": "/srv/a", "llama_upgrade_rollback_dir": "/srv/b"}')
     assert code != 0
     assert "m1: both llama_rollback_dir and llama_upgrade_rollback_dir are set" in output, output[-3000:]
+
+
+@pytest.mark.parametrize("old, new, value", [("llama_models_keep", "llama_storage_keep", "0"),
+                                             ("llama_models_stage_dir", "llama_storage_stage_dir", "models")])
+def test_a_role_s_old_name_and_its_variables_old_names_still_work_with_warnings(tmp_path, project, old, new, value):
+    """Role llama_models (llama_storage since 1.1.0) still runs, with a warning naming the new role, and the role
+    reads its settings' old names: a bad value given under the old name fails llama_storage's own check."""
+    playbook = tmp_path / "old-names.yml"
+    playbook.write_text("- name: A playbook written for 1.0.0\n  hosts: localhost\n  gather_facts: false\n"
+                        "  tasks:\n    - name: Preflight of the model settings\n"
+                        "      ansible.builtin.include_role:\n        name: llama_models\n"
+                        "        tasks_from: preflight\n")
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    result = subprocess.run(["ansible-playbook", str(playbook), "-i", "localhost,", "-c", "local",
+                             "-e", "llama_model_sha256= llama_model_mode=stage llama_model_path=/m.gguf",
+                             "-e", f"{old}={value}"],
+                            cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert ("[WARNING]: role llama_models is deprecated and works until 2.0.0: it is role llama_storage now. "
+            "Use that name instead.") in output, output[-3000:]
+    shown = {"llama_models_keep": "llama_storage_keep (0) and", "llama_models_stage_dir": "(got 'models')"}[old]
+    assert new in output and shown in output, output[-3000:]

@@ -71,18 +71,40 @@ def test_a_renamed_variable_works_with_a_warning_naming_the_new_one():
     assert warnings == [] and errors[0].startswith("m: both llama_rollback_dir and llama_upgrade_rollback_dir are set")
 
 
-def test_the_renamed_variable_s_value_is_the_one_the_role_uses():
+def expressions(node):
+    """Every Jinja expression of a task file's data: the {{ }} spans of its strings, and the bare conditions."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("when", "that", "changed_when", "failed_when", "until") and not isinstance(value, dict):
+                yield from (str(item) for item in (value if isinstance(value, list) else [value]))
+            else:
+                yield from expressions(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from expressions(item)
+    elif isinstance(node, str):
+        yield from re.findall(r"\{\{.*?\}\}", node, re.S)
+
+
+@pytest.mark.parametrize("role", sorted(path.parents[1].name for path in ROOT.glob("roles/*/meta/renamed.yml")))
+def test_the_renamed_variable_s_value_is_the_one_the_role_uses(role):
     """The role reads each setting through a private name (its vars/main.yml): the old name where the inventory
-    sets it, else the new one."""
-    role = ROOT / "roles" / "llama_upgrade"
+    sets it, else the new one. No expression of its tasks or templates reads either public name."""
+    role = ROOT / "roles" / role
     private = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    renamed = yaml.safe_load((role / "meta" / "renamed.yml").read_text())
     environment = jinja2.Environment()
-    for old, new in yaml.safe_load((role / "meta" / "renamed.yml").read_text()).items():
+    used = [expression for path in sorted(role.glob("tasks/*.yml")) + sorted(role.glob("handlers/*.yml"))
+            for expression in expressions(yaml.safe_load(path.read_text()))]
+    used += [text for path in sorted(role.glob("templates/*.j2")) for text in [path.read_text()]]
+    used += [str(value) for name, value in private.items() if name not in {f"__{new['name']}" for new in renamed.values()}]
+    for old, new in renamed.items():
         template = environment.from_string(private[f"__{new['name']}"])
         assert template.render({old: "old", new["name"]: "new"}) == "old"
         assert template.render({new["name"]: "new"}) == "new"
-        used = "".join(path.read_text() for path in (role / "tasks").glob("*.yml"))
-        assert f"__{new['name']}" in used and not re.search(rf"(?<!_){new['name']}|{old}", used)
+        assert any(f"__{new['name']}" in text for text in used), f"{role.name} never reads __{new['name']}"
+        offenders = [text for text in used if re.search(rf"(?<!_){new['name']}\b|\b{old}\b", text)]
+        assert offenders == [], f"{role.name} reads {new['name']} or {old} directly: {offenders}"
 
 
 def test_ownership_is_the_longest_prefix():

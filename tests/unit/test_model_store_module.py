@@ -1,4 +1,4 @@
-"""Unit tests of library/llama_model_store.py (role llama_models), run through its main() on real files."""
+"""Unit tests of library/llama_model_store.py (role llama_storage), run through its main() on real files."""
 
 import hashlib
 import importlib.util

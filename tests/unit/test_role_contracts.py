@@ -145,6 +145,24 @@ def test_role_has_specs_and_readme(role):
     expect_none(missing, role, "missing files")
 
 
+MOVED = sorted(path.parents[1].name for path in ROOT.glob("roles/*/meta/moved.yml"))
+
+
+@pytest.mark.parametrize("old", MOVED)
+def test_a_moved_role_runs_each_entry_point_of_the_new_one_after_a_warning(old):
+    """The old name of a renamed role: every entry point of the new role, each a warning then that entry point."""
+    moved = yaml.safe_load((ROOT / "roles" / old / "meta" / "moved.yml").read_text())
+    entries = yaml.safe_load((role_dir(moved["name"]) / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    assert sorted(path.stem for path in (ROOT / "roles" / old / "tasks").glob("*.yml")) == sorted(entries)
+    for entry in entries:
+        tasks = yaml.safe_load((ROOT / "roles" / old / "tasks" / f"{entry}.yml").read_text())
+        assert tasks[0]["llama_deprecated"] == {"old": f"role {old}", "new": f"role {moved['name']}",
+                                                "removed_in": moved["removed_in"]}
+        include = {"name": moved["name"], **({} if entry == "main" else {"tasks_from": entry})}
+        assert tasks[1]["ansible.builtin.include_role"] == include and len(tasks) == 2
+    assert (ROOT / "roles" / old / "README.md").is_file() and not (ROOT / "roles" / old / "defaults").exists()
+
+
 # --- 2. one owner per variable ----------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Models (role llama_models): a verified local copy by default; a network share (sshfs from the stranger: the
+"""Models (role llama_storage): a verified local copy by default; a network share (sshfs from the stranger: the
 kernel here has no NFS client) staged or read in place without mmap; bad files refused with the old model
 serving; new content at the same path restaged and restarted once; the real SmolLM2 model served; last, the master and
 a worker decommissioned."""
@@ -19,8 +19,8 @@ MODELS = Path(os.environ["LLAMA_CACHE_DIR"]) / "models"
 SMOLLM2_SHA256 = os.environ["LLAMA_MODEL_SMOLLM2_SHA256"]
 STAGE_DIR = "/var/lib/llama.cpp/models"
 # The stranger's /srv/nas over sshfs (FUSE), read-only, readable by the llama user.
-SHARE = {"llama_models_mount_src": "stranger:/srv/nas", "llama_models_mount_fstype": "fuse.sshfs",
-         "llama_models_mount_opts": "ro,allow_other,IdentityFile=/root/.ssh/llama-nas,"
+SHARE = {"llama_storage_mount_src": "stranger:/srv/nas", "llama_storage_mount_fstype": "fuse.sshfs",
+         "llama_storage_mount_opts": "ro,allow_other,IdentityFile=/root/.ssh/llama-nas,"
                                     "StrictHostKeyChecking=accept-new,reconnect,_netdev"}
 FRANCE = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
 PROMPT = {"prompt": "Once upon a time", "n_predict": 32, "temperature": 0, "seed": 1234, "cache_prompt": False}
@@ -113,7 +113,7 @@ def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
     assert "item=current.gguf: " not in output and restarts(output) == 0
     assert all(counts["changed"] == 0 for counts in recap(output).values()), output[-4000:]
     assert main_pid(master, "llama-server.service") == pid
-    # Pruned to llama_models_keep (2) copies: the served one and the newest other.
+    # Pruned to llama_storage_keep (2) copies: the served one and the newest other.
     staged = master.check_output(f"find {STAGE_DIR} -mindepth 1 -maxdepth 1 -type d -not -name '.*'").split()
     assert len(staged) == 2, staged
 
@@ -121,7 +121,7 @@ def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
 def test_direct_mode_reads_the_share_without_mmap(master, workers):
     result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_mode="direct",
                             llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1,
-                            llama_models_ahead=[{"path": "/mnt/models/smollm2.gguf", "sha256": SMOLLM2_SHA256}])
+                            llama_storage_ahead=[{"path": "/mnt/models/smollm2.gguf", "sha256": SMOLLM2_SHA256}])
     assert result.returncode == 0, output[-4000:]
     # Staged ahead (same content as current.gguf's first copy: that directory gets this name too).
     assert master.file(f"{STAGE_DIR}/{SMOLLM2_SHA256[:12]}/smollm2.gguf").sha256sum == SMOLLM2_SHA256
@@ -189,14 +189,14 @@ def test_an_nfs_share_as_far_as_this_kernel_allows(master):
     unit (remote, after the network) and its automount."""
     before = main_pid(master, "llama-server.service")
     result = run_playbook("site.yml", "-e", json.dumps({
-        "llama_models_mount_src": "stranger:/srv/nas", "llama_models_mount_path": "/mnt/nfs",
-        "llama_models_mount_fstype": "nfs4", "llama_models_mount_automount": True,
+        "llama_storage_mount_src": "stranger:/srv/nas", "llama_storage_mount_path": "/mnt/nfs",
+        "llama_storage_mount_fstype": "nfs4", "llama_storage_mount_automount": True,
         "llama_model_path": "/mnt/nfs/smollm2.gguf"}), timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert master.package("nfs-common").is_installed
     messages = failure_messages(output)
-    tried = [re.match(r"master: could not mount llama_models_mount_src 'stranger:/srv/nas' on /mnt/nfs \(nfs4, "
+    tried = [re.match(r"master: could not mount llama_storage_mount_src 'stranger:/srv/nas' on /mnt/nfs \(nfs4, "
                       r"(?P<opts>[^)]+)\): mount\.nfs4: .*Check the share is exported", text) for text in messages]
     tried = [match for match in tried if match]
     assert tried, messages
