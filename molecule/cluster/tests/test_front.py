@@ -9,8 +9,8 @@ import time
 from shlex import quote
 
 import pytest
-from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, listeners, main_pid, recap,
-                             run_playbook, wait_health, wait_restarted)
+from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, ApiClients, address, http, http_json, listeners, main_pid,
+                             recap, run_playbook, wait_health, wait_restarted)
 
 INTERNAL_PORT = 8081
 # A stream (llama-server's SSE) read until its third event, when the script kills llama-server; then it reads on
@@ -97,6 +97,37 @@ def test_no_request_fails_while_the_cluster_restarts(master, workers):
     # The front was reloaded (HAProxy's master process re-executed itself), never restarted.
     assert main_pid(master, "llama-front.service") == front
     assert "Reloaded" in master.check_output("journalctl -o cat -u llama-front.service _PID=1")
+
+
+def test_the_master_waits_for_a_missing_worker_a_bounded_time_then_again(master, workers):
+    """llama_server_worker_wait_timeout reaches the unit: with a worker's RPC server stopped, llama-server's
+    ExecStartPre gives up after that long, naming the worker, and systemd tries again (never stuck in one 300 s wait);
+    once the worker is back, the next try serves. (site.yml at its defaults afterwards.)"""
+    worker, name = workers[WORKERS[1]], WORKERS[1]
+    try:
+        site("-e", "llama_server_worker_wait_timeout=3")
+        assert " 3 " in master.check_output("systemctl show -p ExecStartPre --value llama-server.service")
+        since = master.check_output("date '+%Y-%m-%d %H:%M:%S'")
+        worker.check_output("systemctl stop llama-rpc-server.service")
+        master.check_output("systemctl restart --no-block llama-server.service")
+        deadline, given_up = time.monotonic() + 60, []
+        while len(given_up) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+            log = master.check_output(f"journalctl -o cat -u llama-server.service --since '{since}'")
+            given_up = [line for line in log.splitlines() if "giving up" in line]
+        assert len(given_up) >= 2, log
+        assert all(f"llama-wait-workers: worker {name} (" in line and "no answer to the RPC handshake" in line
+                   and "for 3s; giving up: is its RPC server running?" in line for line in given_up), given_up
+        assert http(master, SERVER_PORT, "/health", key=None)[0] != 200
+        worker.check_output("systemctl start llama-rpc-server.service")
+        wait_health(master, SERVER_PORT)
+        answer = http_json(master, SERVER_PORT, "/completion", {"prompt": "Hello", "n_predict": 2, "temperature": 0})
+        assert answer["tokens_predicted"] == 2
+    finally:
+        worker.check_output("systemctl start llama-rpc-server.service")
+        site()
+    assert " 300 " in master.check_output("systemctl show -p ExecStartPre --value llama-server.service")
+    wait_health(master, SERVER_PORT)
 
 
 def test_a_stream_cut_by_a_crash_ends_in_an_error_the_client_sees(master):
