@@ -18,7 +18,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv bytecode docker ssh image fixtures lint unit checks docs molecule test test-cuda demo status collection sanity demo-down clean
+.PHONY: help venv bytecode docker ssh image image-trixie fixtures lint unit checks docs molecule test test-cuda demo status collection sanity demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,6 +51,10 @@ image: docker ssh  ## the Debian 12 systemd base image (built once per machine)
 	@mkdir -p .cache
 	tools/base-image.sh > .cache/base-image
 
+image-trixie: docker ssh  ## the Debian 13 image of the mixed scenario (make test; built once per machine)
+	@mkdir -p .cache
+	tools/base-image.sh trixie > .cache/base-image-trixie
+
 $(FIXTURES_ENV): venv image tools/fixtures.py tools/make_tiny_model.py
 	@mkdir -p .cache
 	$(VENV)/bin/python tools/fixtures.py env > $@.part
@@ -58,6 +62,14 @@ $(FIXTURES_ENV): venv image tools/fixtures.py tools/make_tiny_model.py
 	mv $@.part $@
 
 fixtures: $(FIXTURES_ENV)  ## llama.cpp sources and tiny models (cached once per machine)
+
+# The demo's own: one llama.cpp release and the model, not the suite's other releases, git fixture and tiny models.
+DEMO_ENV := .cache/fixtures-demo.env
+$(DEMO_ENV): venv image tools/fixtures.py
+	@mkdir -p .cache
+	$(VENV)/bin/python tools/fixtures.py env --demo > $@.part
+	echo "export LLAMA_TEST_IMAGE=$$(cat .cache/base-image)" >> $@.part
+	mv $@.part $@
 
 lint: venv  ## yamllint + ansible-lint (production profile)
 	yamllint --strict .
@@ -73,15 +85,15 @@ docs: venv  ## regenerate the variable tables of the role READMEs from their arg
 checks: lint  ## lint, then every test that needs no container (make test runs them beside the scenarios)
 	source $(FIXTURES_ENV) 2>/dev/null || true; pytest -v -p no:cacheprovider tests --ignore=tests/test_molecule.py
 
-test: venv bytecode fixtures  ## everything: the molecule scenarios, and make checks beside them (tools/test-suite.sh)
-	source $(FIXTURES_ENV); tools/test-suite.sh
+test: venv bytecode fixtures image-trixie  ## everything: the molecule scenarios, and make checks beside them (tools/test-suite.sh)
+	source $(FIXTURES_ENV); export LLAMA_TEST_IMAGE_TRIXIE=$$(cat .cache/base-image-trixie); tools/test-suite.sh
 
 test-cuda: venv bytecode fixtures  ## the CUDA backend built and installed (not in `make test`: ~25 min on 2 cores; needs nvcc)
 	source $(FIXTURES_ENV); export LLAMA_CUDA_TOOLKIT=$$($(VENV)/bin/python tools/fixtures.py cuda-toolkit); \
 	LLAMA_OPTIONAL_SCENARIOS=cuda pytest -v -p no:cacheprovider "tests/test_molecule.py::test_scenario[cuda]"
 
-demo: venv bytecode fixtures  ## a local 3-container cluster serving a tiny model through site.yml
-	source $(FIXTURES_ENV); tools/demo.sh up
+demo: venv bytecode $(DEMO_ENV)  ## a local 3-container cluster serving a small model through site.yml
+	source $(DEMO_ENV); tools/demo.sh up
 
 collection: venv  ## the collection llamacpp.rpc_cluster (galaxy.yml) built from this checkout, in .cache/collection
 	$(VENV)/bin/python tools/collection.py build

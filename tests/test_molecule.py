@@ -21,8 +21,8 @@ import pytest
 from cgroup_cpu import containers_cpu
 
 # The lanes. The suite's length is its chain of compilations: `cluster` compiles 0c1e570 (CPU), then `upgrade` the
-# git-sourced e3a74b2, then `vulkan` the Vulkan backend (AFTER), each on a container of a higher CPU weight
-# (molecule.yml: cpu_shares); `tls` reuses cluster's build. Each scenario of the chain has a lane of its own, so
+# git-sourced f29f967, then `vulkan` the Vulkan backend, then `mixed` 0c1e570 for Debian 13 (AFTER), each on a
+# container of a higher CPU weight (molecule.yml: cpu_shares); `tls` reuses cluster's build. Each scenario of the chain has a lane of its own, so
 # that its containers are up and its converge starts as soon as the compilation before it ends; the light
 # scenarios take the cores that the chain leaves.
 LANES = [
@@ -31,6 +31,7 @@ LANES = [
     ["vulkan"],
     ["tls"],
     ["firewall", "chrony"],
+    ["mixed"],
 ]
 # Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
 OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
@@ -46,15 +47,17 @@ AFTER = {
     ("tls", "create"): [("cluster", "create")],
     ("upgrade", "create"): [("cluster", "create")],
     ("vulkan", "create"): [("cluster", "create")],
+    ("mixed", "create"): [("cluster", "create")],
     ("tls", "converge"): [("cluster", "converge")],
     ("upgrade", "converge"): [("cluster", "converge")],
     ("vulkan", "converge"): [("cluster", "converge"), ("upgrade", "converge")],
+    ("mixed", "converge"): [("cluster", "converge"), ("vulkan", "converge")],
 }
 # The chain of compilations and the scenario that ends it: its steps run at this machine's normal priority, every
 # other step's processes on this machine (molecule, ansible-playbook, docker) at BACKGROUND_NICE, so that they
 # take the cores the chain leaves. (Containers' processes are weighted by their cgroups: molecule.yml cpu_shares.)
 CHAIN = {("cluster", "create"), ("cluster", "converge"), ("upgrade", "converge"), ("vulkan", "converge"),
-         ("vulkan", "verify")}
+         ("mixed", "converge"), ("mixed", "verify")}
 BACKGROUND_NICE = 10
 
 

@@ -83,7 +83,7 @@ def test_a_role_s_old_name_and_its_variables_old_names_still_work_with_warnings(
                             cwd=project, env=env, capture_output=True, text=True, timeout=300)
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode != 0
-    assert ("[WARNING]: role llama_models is deprecated and works until 2.0.0: it is role llama_storage now. "
+    assert ("[WARNING]: role llama_models is deprecated and works until 2.0.0; it is role llama_storage now. "
             "Use that name instead.") in output, output[-3000:]
     shown = {"llama_models_keep": "llama_storage_keep (0) and", "llama_models_stage_dir": "(got 'models')"}[old]
     assert new in output and shown in output, output[-3000:]

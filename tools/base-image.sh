@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build (once per machine) the minimal Debian 12 image with systemd as PID 1 that the molecule
-# scenarios and the demo run on. No registry is reachable, so the root filesystem comes from the
+# Build (once per machine) the minimal Debian image with systemd as PID 1 that the molecule scenarios and the
+# demo run on: Debian 12 (bookworm) by default, or the release named as the first argument (trixie: Debian 13,
+# for the mixed scenario). No registry is reachable, so the root filesystem comes from the
 # Debian mirror through debootstrap and is turned into an image with `docker import`.
 #
 # The image is keyed on this script's content: a change to the script builds a new image, an
@@ -17,12 +18,17 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache_dir=${LLAMA_CACHE_DIR:-/var/cache/llamacpp-rpc-cluster}
-suite=bookworm
+suite=${1:-bookworm}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 packages=systemd,systemd-sysv,python3,iproute2,procps,ca-certificates,openssh-server
-repo=llamacpp-rpc/debian12-systemd
+case "$suite" in
+  bookworm) repo=llamacpp-rpc/debian12-systemd ;;
+  trixie) repo=llamacpp-rpc/debian13-systemd ;;
+  *) echo "base-image: no image for Debian release '$suite' (bookworm or trixie)" >&2; exit 2 ;;
+esac
 
-key=$(cat "$0" "$here/base-image/llama_test_pyzip_cache.py" | sha256sum | cut -c1-12)
+key=$( (cat "$0" "$here/base-image/llama_test_pyzip_cache.py"; [ "$suite" = bookworm ] || echo "$suite") \
+  | sha256sum | cut -c1-12)
 image="$repo:$key"
 
 "$here/ensure-docker.sh"

@@ -11,6 +11,8 @@ which vendor a complete llama.cpp tree at a known upstream commit (see shared LL
     fixtures.py vulkan-sdk       Vulkan headers new enough for llama.cpp's Vulkan backend (Debian 13's)
     fixtures.py cuda-toolkit     a CUDA toolkit (make test-cuda): this machine's nvcc + PyPI's cuBLAS wheel
     fixtures.py env              everything the tests and the demo use, as shell variables
+    fixtures.py env --demo       only what `make demo` uses: the 0c1e570 sources and SmolLM2 (a first demo on a fresh
+                                 machine fetches one llama.cpp release, not the suite's three)
 
 Every step is keyed on its inputs and does nothing when its output exists.
 """
@@ -336,9 +338,17 @@ def model(name, extra=()):
     return target
 
 
-def env():
-    """Shell assignments for everything the tests and the demo use."""
-    values = {"LLAMA_CACHE_DIR": CACHE, "LLAMA_VOCAB_GGUF": vocab()}
+DEMO_VERSION = "0.3.36"  # the release inventory/demo pins
+
+
+def env(demo=False):
+    """Shell assignments for everything the tests and the demo use; with `demo`, only the demo's."""
+    values = {"LLAMA_CACHE_DIR": CACHE}
+    if demo:
+        source(DEMO_VERSION)
+        values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
+        return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
+    values["LLAMA_VOCAB_GGUF"] = vocab()
     for version, (commit, build_number, _) in SOURCES.items():
         tag = version.replace(".", "_")
         archive = source(version)
@@ -370,7 +380,8 @@ def main():
     sub.add_parser("vulkan-sdk", help="Vulkan headers for llama.cpp's Vulkan backend (Debian 13's libvulkan-dev)")
     sub.add_parser("promtool", help="promtool from Debian 12's prometheus package (metrics and alert rules tests)")
     sub.add_parser("cuda-toolkit", help="a CUDA toolkit: this machine's nvcc + PyPI's cuBLAS (make test-cuda)")
-    sub.add_parser("env", help="print shell variables naming every fixture")
+    environment = sub.add_parser("env", help="print shell variables naming every fixture")
+    environment.add_argument("--demo", action="store_true", help="only the demo's fixtures")
     args = parser.parse_args()
     if args.command == "source":
         print(source(args.version))
@@ -387,7 +398,7 @@ def main():
     elif args.command == "cuda-toolkit":
         print(cuda_toolkit())
     else:
-        sys.stdout.write(env())
+        sys.stdout.write(env(demo=args.demo))
 
 
 if __name__ == "__main__":

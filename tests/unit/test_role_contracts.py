@@ -156,8 +156,8 @@ def test_a_moved_role_runs_each_entry_point_of_the_new_one_after_a_warning(old):
     assert sorted(path.stem for path in (ROOT / "roles" / old / "tasks").glob("*.yml")) == sorted(entries)
     for entry in entries:
         tasks = yaml.safe_load((ROOT / "roles" / old / "tasks" / f"{entry}.yml").read_text())
-        assert tasks[0]["llama_deprecated"] == {"old": f"role {old}", "new": f"role {moved['name']}",
-                                                "removed_in": moved["removed_in"]}
+        assert tasks[0]["llama_warn"] == {"msg": f"role {old} is deprecated and works until {moved['removed_in']}; "
+                                                f"it is role {moved['name']} now. Use that name instead."}
         include = {"name": moved["name"], **({} if entry == "main" else {"tasks_from": entry})}
         assert tasks[1]["ansible.builtin.include_role"] == include and len(tasks) == 2
     assert (ROOT / "roles" / old / "README.md").is_file() and not (ROOT / "roles" / old / "defaults").exists()

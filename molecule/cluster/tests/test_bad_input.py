@@ -144,3 +144,17 @@ def test_every_variable_mistake_is_named_in_one_run(before, master, workers):
     for case, (_, message) in SPEC_CASES.items():
         assert any(re.match(message, error) for error in errors), (case, errors)
     assert_refused_before_any_change(result, r"\w+: ", before, master, workers)
+
+
+def test_a_host_on_an_unsupported_release_is_named(before, master, workers):
+    """A host whose release the roles do not know (worker1 made to say Debian 11 in /etc/debian_version, where
+    Ansible reads a Debian host's version) is refused in the facts play, named with its release and the ones known."""
+    worker = workers["worker1"]
+    worker.check_output("cp -a /etc/debian_version /root/debian_version.saved && echo 11.11 > /etc/debian_version")
+    try:
+        result = run_playbook("site.yml", timeout=600)
+    finally:
+        worker.check_output("mv /root/debian_version.saved /etc/debian_version")
+    message = (r"worker1: Debian 11 \(11\.11\) is not supported: the roles know Debian 12 and 13 \(tested\) and Ubuntu "
+               r"22\.04 and 24\.04 \(written from their package names, untested\)\.")
+    assert_refused_before_any_change(result, message, before, master, workers)

@@ -1,0 +1,67 @@
+# Documentation of the llama_build_wait action (action_plugins/llama_build_wait.py), run on the controller.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: llama_build_wait
+short_description: Wait for a compilation started in the background, showing how far it is
+description:
+  - Waits for the asynchronous job O(jid) (a task with C(async) and C(poll=0)) to end, like Ansible's own poll.
+  - Every O(interval) seconds it reads the end of O(log), where the job writes the build tool's output, and shows
+    the last progress mark when it moved, for example C(builder - compile llama.cpp-0c1e570 - 45% after 3 min 20 s);
+    ninja's C([n/N]) as steps, make's C([ 45%]) as a percentage.
+  - Returns the job's result (C(rc), C(start), C(end), C(delta)). Fails when the job fails, with the last 40 lines
+    of O(log) in its message, or when it runs longer than O(timeout).
+options:
+  jid:
+    description: The job's id (C(ansible_job_id) of the task started with C(poll=0)).
+    type: str
+    required: true
+  log:
+    description: The file on the host that holds the job's output.
+    type: path
+    required: true
+  name:
+    description: What is being built, for the progress lines.
+    type: str
+    default: the build
+  interval:
+    description: Seconds between two looks.
+    type: float
+    default: 10
+  timeout:
+    description: Seconds before giving up (the job's own C(async) limit should be the same).
+    type: float
+    default: 14400
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: none
+author: llamacpp-rpc-cluster maintainers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Compile in the background
+  ansible.builtin.shell:
+    cmd: cmake --build build --parallel 4 > build/compile.log 2>&1
+  async: 14400
+  poll: 0
+  register: compile_job
+
+- name: Wait for the compilation, showing its progress
+  llama_build_wait:
+    jid: "{{ compile_job.ansible_job_id }}"
+    log: build/compile.log
+    name: compile llama.cpp
+"""
+
+RETURN = r"""
+rc:
+  description: The compilation's exit status.
+  returned: always
+  type: int
+delta:
+  description: How long the compilation took (H:MM:SS.ffffff).
+  returned: always
+  type: str
+"""
