@@ -17,7 +17,7 @@ from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, ApiClients, address
                              http_json, placement, run_playbook, single_process_completion, tcp_connects, wait_health)
 
 COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
-# The same tree from the git fixture: another commit, the same RPC protocol; the compiler cache answers most of it.
+# The same tree from the git fixture: another commit, the same RPC protocol.
 GIT_COMMIT = os.environ["LLAMA_GIT_0_3_36_COMMIT"]
 GIT_VARS = json.dumps({"llamacpp_commit": GIT_COMMIT, "llamacpp_source": "git",
                        "llamacpp_git_url": "file:///srv/llama.cpp.git"})
