@@ -2,7 +2,7 @@
 
 Most of a scenario's time is spent waiting (containers booting, models loading, services restarting, play
 round trips), so the scenarios run in lanes side by side: the scenarios of one lane run in order, the lanes
-at the same time. The suite is CPU-bound, its three llama.cpp compilations the heaviest steps: they take both cores
+at the same time. The suite is CPU-bound, its four llama.cpp compilations the heaviest steps: they take both cores
 each and run one after another (AFTER), on containers of a higher CPU weight, while the other lanes take what they
 leave; a scenario that reuses another's build waits for it, so each tree is still compiled once per suite. The
 steps run one by one so that their times are measured: the summary at the end prints each scenario's steps,
