@@ -144,6 +144,16 @@ def run_playbook(playbook, *args, inventory=None, timeout=900):
     return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# A row of the link check's table (role llama_link), as the JSON result format prints the debug message's lines.
+LINK_ROW = re.compile(r'^\s*"(?P<worker>\S+)\s+(?P<address>\d[\d.]+)\s+(?P<rtt>[\d.]+|-)\s+(?P<gbits>[\d.]+|-)\s+'
+                      r'(?P<verdict>[^"]*)",?$', re.M)
+
+
+def link_rows(output):
+    """{worker: {worker, address, rtt, gbits, verdict}} of the link check's table in a play's output."""
+    return {match["worker"]: match.groupdict() for match in LINK_ROW.finditer(output)}
+
+
 def recap(output):
     """{host: {ok, changed, failed, ...}} from the PLAY RECAP of an ansible-playbook run."""
     stats = {}

@@ -12,13 +12,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cluster_helpers import address, plays, recap, run_playbook
+from cluster_helpers import address, link_rows as rows, plays, recap, run_playbook
 from conftest import WORKERS
 
 PORT = 5201
-# A row of the table, as the JSON result format prints the debug message's lines.
-ROW = re.compile(r'^\s*"(?P<worker>\S+)\s+(?P<address>\d[\d.]+)\s+(?P<rtt>[\d.]+|-)\s+(?P<gbits>[\d.]+|-)\s+'
-                 r'(?P<verdict>[^"]*)",?$', re.M)
 MEASURING = "Send iperf3 traffic to"
 
 
@@ -27,10 +24,6 @@ def run(playbook, *args):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
-
-
-def rows(output):
-    return {match["worker"]: match.groupdict() for match in ROW.finditer(output)}
 
 
 def tasks(output):
