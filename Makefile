@@ -18,7 +18,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv bytecode docker ssh image image-trixie fixtures lint unit checks docs molecule test test-cuda demo status collection sanity demo-down clean
+.PHONY: help venv bytecode docker ssh image image-trixie fixtures lint unit checks docs molecule test test-cuda demo bench status collection sanity demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -94,6 +94,11 @@ test-cuda: venv bytecode fixtures  ## the CUDA backend built and installed (not 
 
 demo: venv bytecode $(DEMO_ENV)  ## a local 3-container cluster serving a small model through site.yml
 	source $(DEMO_ENV); tools/demo.sh up
+
+# P3 makes the demo's containers again (--fresh): the demo is up again afterwards. BENCH_ARGS="--figures P5" skips it.
+BENCH_ARGS ?= --fresh
+bench: venv bytecode $(DEMO_ENV)  ## the speed figures on the demo cluster (after make demo): bench/<date>-<commit>.md, plots
+	source $(DEMO_ENV); $(VENV)/bin/python tools/bench.py $(BENCH_ARGS)
 
 collection: venv  ## the collection llamacpp.rpc_cluster (galaxy.yml) built from this checkout, in .cache/collection
 	$(VENV)/bin/python tools/collection.py build

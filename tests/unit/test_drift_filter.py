@@ -5,8 +5,8 @@ from ansible.errors import AnsibleFilterError
 from llama_verify import llama_drift
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-BUILD = {"build_id": "llama.cpp-0c1e57098bba-cpu-debian12.13-x86_64-abc", "commit": COMMIT, "rpc_proto": "7.0.0"}
-CURRENT = "/opt/llama.cpp/llama.cpp-0c1e57098bba-cpu-debian12.13-x86_64-abc"
+BUILD = {"build_id": "llama.cpp-0c1e57098bba-cpu-debian12-x86_64-abc", "commit": COMMIT, "rpc_proto": "7.0.0"}
+CURRENT = "/opt/llama.cpp/llama.cpp-0c1e57098bba-cpu-debian12-x86_64-abc"
 SWITCHED, STARTED = 1_700_000_000, 1_700_000_030
 
 

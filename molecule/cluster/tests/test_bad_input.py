@@ -5,7 +5,8 @@ import json
 import re
 
 import pytest
-from cluster_helpers import assert_refused_in_preflight, RPC_PORT, SERVER_PORT, WORKERS, address, run_playbook, service_pids, wait_health
+from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, assert_check_changes_nothing,
+                             assert_refused_in_preflight, run_playbook, service_pids, wait_health)
 
 # (extra vars, the failing host's message: the whole `msg`, from its start, matched as a regex)
 CASES = {
@@ -144,6 +145,18 @@ def test_every_variable_mistake_is_named_in_one_run(before, master, workers):
     for case, (_, message) in SPEC_CASES.items():
         assert any(re.match(message, error) for error in errors), (case, errors)
     assert_refused_before_any_change(result, r"\w+: ", before, master, workers)
+
+
+def test_hosts_on_two_point_releases_of_debian_12_are_one_build_group(master, workers):
+    """A point update (worker1 made to say 12.1 in /etc/debian_version) changes no build: the build id names the
+    release, so site.yml --check plans nothing on any host (it named the point release, and planned a compilation
+    for worker1 alone)."""
+    worker = workers["worker1"]
+    worker.check_output("cp -a /etc/debian_version /root/debian_version.saved && echo 12.1 > /etc/debian_version")
+    try:
+        assert_check_changes_nothing()
+    finally:
+        worker.check_output("mv /root/debian_version.saved /etc/debian_version")
 
 
 def test_a_host_on_an_unsupported_release_is_named(before, master, workers):

@@ -1,11 +1,14 @@
 """playbooks/bench.yml measures every device, stores speeds the next run uses, and leaves the cluster serving; a
-client asking meanwhile is held by the front, or told that a benchmark is running."""
+client asking meanwhile is held by the front, or told that a benchmark is running. Last, one smoke run of the bench
+report's tool (make bench) on this cluster."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
-from cluster_helpers import SERVER_PORT, WORKERS, ApiClients, http_json, run_playbook, wait_health
+from cluster_helpers import PROJECT, SERVER_PORT, WORKERS, ApiClients, http_json, run_playbook, wait_health
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +64,27 @@ def test_next_run_plans_with_the_recorded_speeds(speeds):
         assert f"--device RPC{fastest} --tensor-split 8" in plan, plan
     else:
         assert "--device RPC0,RPC1 " in plan, plan
+
+
+def test_the_bench_tool_runs_once_on_the_cluster(master, tmp_path):
+    """tools/bench.py on this scenario's inventory, one repetition of P5 (the cluster's decode against the same
+    binaries started by hand): the record, report and plots are written, both sides measured, the hand-started
+    server gone and the cluster serving again. The figure itself is not asserted: 2 shared cores make it noise."""
+    out = tmp_path / "bench"
+    result = subprocess.run([sys.executable, "tools/bench.py", "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+                             "--figures", "P5", "--repeat", "1", "--out", str(out)],
+                            cwd=PROJECT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    [record] = [json.loads(path.read_text()) for path in out.glob("*.json")]
+    p5 = record["figures"]["P5"]
+    assert len(p5["numerator"]["samples"]) == len(p5["denominator"]["samples"]) == 1
+    assert p5["value"] > 0 and min(p5["numerator"]["samples"] + p5["denominator"]["samples"]) > 0
+    assert record["figures"]["P3"]["skipped"] == "not asked for (--figures)"
+    [report] = out.glob("*.md")
+    images = [line.split("](")[1].rstrip(")") for line in report.read_text().splitlines() if line.startswith("![")]
+    assert images and all((out / image).stat().st_size > 0 for image in images)
+    assert len((out / "history.jsonl").read_text().splitlines()) == 1
+    assert master.run("systemctl is-active llama-bench-by-hand.service").stdout.strip() != "active"
+    assert master.service("llama-server-watch.service").is_running
+    wait_health(master, SERVER_PORT)
+    assert http_json(master, SERVER_PORT, "/completion", {"prompt": "Hi", "n_predict": 2})["tokens_predicted"] == 2
