@@ -73,6 +73,14 @@ def inventory_groups(inventory):
 
 
 def host(inventory, name):
+    """A testinfra host for an inventory host. The demo's are containers whose names the inventory templates
+    (ansible_host: llama-demo-{{ inventory_hostname }}), which testinfra's ansible backend does not: Ansible says."""
+    message = "{{ ansible_connection | default('ssh') }} {{ ansible_host | default(inventory_hostname) }}"
+    shown = subprocess.run(["ansible", name, "-i", inventory, "-o", "-m", "ansible.builtin.debug", "-a",
+                            json.dumps({"msg": message})], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    connection, address = json.loads(shown.split("=>", 1)[1])["msg"].split()
+    if connection.endswith("docker"):
+        return testinfra.get_host(f"docker://{address}")
     return testinfra.get_host(f"ansible://{name}?ansible_inventory={inventory}")
 
 
