@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
-from cluster_helpers import recap, run_playbook  # noqa: E402  # pylint: disable=wrong-import-position
+from cluster_helpers import cmdline, main_pid, recap, run_playbook, wait_health  # noqa: E402  # pylint: disable=wrong-import-position
 
 MEASURED = ("P3", "P5")
 HAND_PORT = 18190
@@ -51,21 +51,6 @@ with urllib.request.urlopen(urllib.request.Request(url + "/completion", body, he
     answer = json.load(response)
 print(json.dumps([answer["tokens_predicted"], time.monotonic() - start, answer["timings"]["predicted_per_second"]]))
 """
-HEALTH = r"""
-import sys, time, urllib.request
-deadline = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen(sys.argv[1] + "/health", timeout=2) as response:
-            if response.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.2)
-sys.exit("no /health 200 from %s within %s s" % (sys.argv[1], sys.argv[2]))
-"""
-
-
 def inventory_groups(inventory):
     listing = json.loads(subprocess.run(["ansible-inventory", "-i", inventory, "--list"], check=True,
                                         capture_output=True, text=True, cwd=ROOT).stdout)
@@ -115,17 +100,14 @@ def measure_p3(inventory, fresh):
 
 def server_argv(master):
     """llama-server's argv and environment as its unit runs it (from /proc of its main process)."""
-    pid = master.check_output("systemctl show -p MainPID --value llama-server.service")
-    if pid in ("", "0"):
-        sys.exit("P5: llama-server.service is not running on the master")
-    argv = master.check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
+    pid = main_pid(master, "llama-server.service")
     environ = master.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
     keep = [line for line in environ if re.match(r"(LLAMA_|GGML_|CUDA_|HIP_|ROCR_|LD_LIBRARY_PATH)", line)]
-    return argv, keep
+    return cmdline(master, pid), keep
 
 
 def option(argv, name, default=""):
-    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else default
+    return argv[argv.index(name) + 1] if name in argv else default
 
 
 def requests(master, url, key_file, repeat):
@@ -140,7 +122,8 @@ def measure_p5(inventory, groups, repeat):
     key_file = option(argv, "--api-key-file")
     api = master.check_output("systemctl show -p Description --value llama-front.service 2>/dev/null || true")
     port = re.search(r"on [\d.]+:(\d+)", api)
-    cluster_url = f"http://127.0.0.1:{port.group(1) if port else option(argv, '--port', '8080')}"
+    cluster_port = int(port.group(1) if port else option(argv, "--port", "8080"))
+    cluster_url = f"http://127.0.0.1:{cluster_port}"
     cluster, cluster_decode = requests(master, cluster_url, key_file, repeat)
     hand_argv = list(argv)
     for flag, value in (("--port", str(HAND_PORT)), ("--host", "127.0.0.1")):
@@ -155,12 +138,12 @@ def measure_p5(inventory, groups, repeat):
         # before, llama-server aborts ("Remote RPC server crashed"), and is started again, as one would by hand.
         master.check_output(f"systemd-run --quiet --collect --unit={HAND_UNIT} -p User=llama -p Restart=on-failure "
                             f"-p RestartSec=1 {settings} " + " ".join(shlex.quote(arg) for arg in hand_argv))
-        python(master, HEALTH, f"http://127.0.0.1:{HAND_PORT}", 300)
+        wait_health(master, HAND_PORT, timeout=300)
         hand, hand_decode = requests(master, f"http://127.0.0.1:{HAND_PORT}", key_file, repeat)
     finally:
         master.run(f"systemctl stop {HAND_UNIT}.service")
         master.check_output("systemctl start llama-server.service llama-server-watch.service")
-        python(master, HEALTH, cluster_url, 600)
+        wait_health(master, cluster_port, timeout=600)
     return bench_report.figure(
         "P5", cluster, hand, decode_tps={"cluster": cluster_decode, "by hand": hand_decode},
         notes=[f"end-to-end tok/s of 64-token greedy requests from the master (llama-server's own decode tok/s: "
