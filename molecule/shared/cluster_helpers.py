@@ -6,6 +6,7 @@ import re
 import statistics
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 from shlex import quote
 
@@ -112,6 +113,12 @@ def http_json(host, port, path, body=None, timeout=120, key=API_KEY):
     status, text = http(host, port, path, body, timeout, key)
     assert status == 200, f"{path}: HTTP {status}: {text[:500]}"
     return json.loads(text)
+
+
+def prometheus_query(host, expr, port=9090):
+    """{instance: value} of an instant query, asked of the Prometheus on `host` (role llama_monitor)."""
+    data = http_json(host, port, "/api/v1/query?query=" + urllib.parse.quote(expr), key=None)
+    return {sample["metric"].get("instance", ""): float(sample["value"][1]) for sample in data["data"]["result"]}
 
 
 def wait_restarted(host, pid, unit="llama-server.service", timeout=60):

@@ -8,7 +8,8 @@ import urllib.parse
 from shlex import quote
 
 import pytest
-from cluster_helpers import SERVER_PORT, WORKERS, address, connect, http_json, tcp_connects, wait_health
+from cluster_helpers import (SERVER_PORT, WORKERS, address, connect, http_json, prometheus_query, tcp_connects,
+                             wait_health)
 from suite_report import figures
 
 NODES = ("master", *WORKERS)
@@ -20,8 +21,7 @@ EXPORTER_INTERVAL, SCRAPE_INTERVAL, ALERT_AFTER = 10, 5, 10
 
 def query(master, expr):
     """{instance: value} of an instant query, asked of the Prometheus on the master."""
-    data = http_json(master, PROMETHEUS_PORT, "/api/v1/query?query=" + urllib.parse.quote(expr), key=None)
-    return {sample["metric"].get("instance", ""): float(sample["value"][1]) for sample in data["data"]["result"]}
+    return prometheus_query(master, expr, PROMETHEUS_PORT)
 
 
 def alerts(master, name):

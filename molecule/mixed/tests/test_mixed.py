@@ -13,15 +13,14 @@ import os
 import re
 import shutil
 import time
-import urllib.parse
 from pathlib import Path
 from shlex import quote
 
 import yaml
 
 from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, ApiClients, address, assert_refused_in_preflight,
-                             http_json, link_rows, placement, run_playbook, single_process_completion, tcp_connects,
-                             wait_health)
+                             http_json, link_rows, placement, prometheus_query, run_playbook,
+                             single_process_completion, tcp_connects, wait_health)
 
 COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
 # The same tree from the git fixture: another commit, the same RPC protocol.
@@ -209,14 +208,10 @@ def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
     assert http_json(new_master, SERVER_PORT, "/completion", ASK)["content"] == answer
     # Prometheus 2.53 scrapes both nodes' node-exporter (1.9 on Debian 13), llama-server and the front; the
     # cluster's exporter on the master sees worker1 connected.
-    def query(expr):
-        data = http_json(new_master, 9090, "/api/v1/query?query=" + urllib.parse.quote(expr), key=None)
-        return {sample["metric"].get("instance", ""): float(sample["value"][1]) for sample in data["data"]["result"]}
-
     wanted = {'up{job="llama-node"}': {"worker1": 1, "worker2": 1}, 'up{job="llama-server"}': {"worker2": 1},
               'up{job="llama-front"}': {"worker2": 1}, "llama_cluster_worker_connected": {"worker1": 1}}
     deadline = time.monotonic() + 60
-    while (seen := {expr: query(expr) for expr in wanted}) != wanted:
+    while (seen := {expr: prometheus_query(new_master, expr) for expr in wanted}) != wanted:
         assert time.monotonic() < deadline, seen
         time.sleep(1)
     assert new_master.check_output("prometheus --version 2>&1 | head -1").startswith("prometheus, version 2.53.")
