@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""make bench / tools/bench.py -i INVENTORY: the cluster's speed claims, each a ratio of two medians measured in one
-run against its natural reference, written to bench/<date>-<commit>.{json,md} with plots, and appended to
-bench/history.jsonl (tools/bench_report.py computes and draws).
+"""make bench / tools/bench.py -i INVENTORY: the cluster's speed claims, each a ratio measured in one run against its
+natural reference, written to bench/<date>-<commit>.{json,md} with plots, and appended to bench/history.jsonl
+(tools/bench_report.py computes and draws). Every playbook it runs is timed with Ansible's profile_tasks callback: the
+record keeps each run's slowest tasks, where the time goes.
 
-Figures measured here (the others of tools/bench_report.SPECS are listed as not measured, with the reason):
-  P3  a no-op site.yml ÷ a fresh site.yml on fresh hosts (--fresh: the demo's containers are made again first; the
-      build comes from the artifact cache), once per run; the no-op run must report changed=0.
+With --fresh (the demo only: tools/demo-containers.yml makes its containers again), in this order:
+  P1, P2b, UP  fresh hosts, an empty artifact cache and a compiler cache on the builder: a fresh site.yml (it
+      compiles) ÷ a bare cmake configure + build of the same tree and flags on the builder, without the compiler
+      cache (P1); then upgrade.yml to a changed flag (llamacpp_native) while clients ask the API: its compilation
+      ÷ the first compilation of the tree, both from the build ledger (P2b), and the longest request wait ÷
+      llama-server's model load, both reported by the play (UP).
+  P9  site.yml on fresh hosts with 3, 6 and 12 workers (the build from the artifact cache): the least-squares slope
+      of converge seconds against workers; no compilation.
+  P3  a no-op site.yml ÷ a fresh site.yml on fresh hosts (the build from the artifact cache); the no-op run must
+      report changed=0. This leaves the demo as make demo makes it, so it runs after the others above.
+On the running cluster (any inventory):
   P5  decode tok/s through the cluster's API ÷ the same llama-server binary, arguments and workers started by hand
       (a transient unit, without the project's unit, front or watch), on the master, requests from the master.
+  P6  tok/s with llama_split_strategy speed ÷ memory, the first two workers' RPC servers given CPU quotas 2:1
+      (systemctl set-property --runtime CPUQuota=, removed after), speeds calibrated by playbooks/bench.yml.
 
-The cluster is exclusive while it runs: llama-server is stopped for the hand-started one, and started again in any
-case. Usage: tools/bench.py [-i inventory/demo] [--figures P3,P5] [--repeat 3] [--fresh] [--out bench]
+The cluster is exclusive while it runs: it is stopped, re-planned and restarted; P5 and P6 leave it as they found it.
+Usage: tools/bench.py [-i inventory/demo] [--figures P1,P2b,...] [--repeat 3] [--fresh] [--out bench]
 """
 
 from __future__ import annotations
@@ -26,15 +37,25 @@ import sys
 import time
 from pathlib import Path
 
+import tempfile
+
 import testinfra
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
-from cluster_helpers import cmdline, main_pid, recap, run_playbook, wait_health  # noqa: E402  # pylint: disable=wrong-import-position
+from cluster_helpers import ApiClients, cmdline, main_pid, recap, run_playbook, wait_health  # noqa: E402  # pylint: disable=wrong-import-position
 
-MEASURED = ("P3", "P5")
+MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6")
+FRESH = ("P1", "P2b", "UP", "P9", "P3")
+DEMO = ROOT / "inventory" / "demo"
+P9_WORKERS = (3, 6, 12)
+# The flag P2b changes: GGML_NATIVE recompiles ggml's CPU backend and nothing else.
+CHANGED_FLAG = "llamacpp_native=true"
+BENCH_CCACHE = "/var/cache/llamacpp-bench-ccache"
+PROFILE = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "PROFILE_TASKS_SORT_ORDER": "descending",
+           "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "10"}
 HAND_PORT = 18190
 HAND_UNIT = "llama-bench-by-hand"
 # One greedy request of 64 tokens, measured on the master from request to answer; prints [tokens, seconds, decode].
@@ -73,34 +94,162 @@ def python(node, script, *args):
     return node.check_output(f"python3 -c {shlex.quote(script)} " + " ".join(shlex.quote(str(arg)) for arg in args))
 
 
-def timed_playbook(inventory, playbook, *args):
-    began = time.monotonic()
-    result = run_playbook(playbook, *args, inventory=inventory, timeout=7200)
-    seconds = time.monotonic() - began
+def slowest_tasks(output, count=8):
+    """profile_tasks' summary (sorted, slowest first): [[task, seconds]] of the first `count`."""
+    rows = re.findall(r"^(\S.*?) -{3,} ([\d.]+)s$", output, re.M)
+    return [[task.strip(), float(seconds)] for task, seconds in rows[:count]]
+
+
+def timed_playbook(inventory, playbook, *args, timeout=7200):
+    """(seconds, output, profile) of one ansible-playbook run, which must succeed; profile: its slowest tasks."""
+    saved = {key: os.environ.get(key) for key in PROFILE}
+    os.environ.update(PROFILE)
+    try:
+        began = time.monotonic()
+        result = run_playbook(playbook, *args, inventory=inventory, timeout=timeout)
+        seconds = time.monotonic() - began
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     output = result.stdout + result.stderr
     if result.returncode != 0:
-        sys.exit(f"{playbook} failed:\n{output[-4000:]}")
-    return seconds, output
+        sys.exit(f"{playbook} {' '.join(args)} failed:\n{output[-4000:]}")
+    return seconds, output, slowest_tasks(output)
 
 
-def measure_p3(inventory, fresh):
-    """One fresh converge (the demo's containers made again) and the no-op run after it."""
-    if not fresh:
-        return bench_report.skipped("P3", "needs fresh hosts: --fresh makes the demo's containers again")
-    for state in ("absent", "present"):
-        subprocess.run(["ansible-playbook", "tools/demo-containers.yml", "-e", f"demo_state={state}"],
+def profiled(name, seconds, profile):
+    return {"run": name, "seconds": round(seconds, 1), "slowest": profile}
+
+
+def demo_containers(state, workers=2):
+    """Remove the demo's containers (every one of its label), or start them afresh with `workers` workers."""
+    subprocess.run(["ansible-playbook", "tools/demo-containers.yml", "-e", "demo_state=absent"], cwd=ROOT,
+                   check=True, capture_output=True)
+    if state == "present":
+        subprocess.run(["ansible-playbook", "tools/demo-containers.yml", "-e", f"demo_workers={workers}"],
                        cwd=ROOT, check=True, capture_output=True)
-    converge, _ = timed_playbook(inventory, "site.yml")
-    rerun, output = timed_playbook(inventory, "site.yml")
+
+
+def scaled_inventory(directory, workers):
+    """The demo's inventory with `workers` workers (llama-demo-worker1..N), its group_vars shared."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = ["all:", "  children:", "    llama_master:", "      hosts:", "        master:", "    llama_workers:",
+             "      hosts:"] + [f"        worker{index}:" for index in range(1, workers + 1)] + [
+             "  vars:", "    ansible_connection: community.docker.docker",
+             '    ansible_host: "llama-demo-{{ inventory_hostname }}"']
+    (directory / "hosts.yml").write_text("\n".join(lines) + "\n")
+    if not (directory / "group_vars").exists():
+        (directory / "group_vars").symlink_to(DEMO / "group_vars")
+    return str(directory)
+
+
+def ledger(cache):
+    """The build ledger's compilations: [(build id, host, seconds, rest of the line)]."""
+    path = Path(cache) / "builds.log"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        found = re.match(r"\S+ (\S+) compiled on (\S+) in (\d+):(\d+):([\d.]+)(.*)", line)
+        if found:
+            build, node, hours, minutes, seconds, rest = found.groups()
+            rows.append((build, node, int(hours) * 3600 + int(minutes) * 60 + float(seconds), rest.strip(", ")))
+    return rows
+
+
+def bare_build(node, build_root, info):
+    """Seconds of a cmake configure + build of the active build's tree and flags on `node`, by hand: another build
+    directory, no compiler cache, the same targets and parallelism."""
+    source = f"{build_root}/src-{info['commit']}"
+    bare = "/var/tmp/llama-bench-bare"
+    targets = " ".join(shlex.quote(target) for target in info["binaries"])
+    args = " ".join(shlex.quote(arg) for arg in info["cmake_args"])
+    script = (f"set -e; rm -rf {bare}; start=$(date +%s.%N); cmake -S {source} -B {bare} {args} > {bare}.log 2>&1; "
+              f"cmake --build {bare} --parallel $(nproc) --target {targets} >> {bare}.log 2>&1; "
+              f"echo \"$(date +%s.%N) - $start\" | bc; rm -rf {bare} {bare}.log")
+    result = node.run(f"env -u CCACHE_DIR bash -c {shlex.quote(script)}")
+    if result.rc != 0:
+        sys.exit(f"the bare build on {node.backend.hostname} failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def measure_build(inventory, facts_of):
+    """P1, P2b and UP from one sequence on fresh hosts: an empty artifact cache, a compiler cache on the builder."""
+    demo_containers("present")
+    cache = tempfile.mkdtemp(prefix="llama-bench-artifacts-")
+    extra = ["-e", f"llamacpp_artifact_cache={cache}", "-e", f"llamacpp_ccache_dir={BENCH_CCACHE}"]
+    converge, _, converge_profile = timed_playbook(inventory, "site.yml", *extra)
+    [(first_id, builder, first_compile, first_cache)] = ledger(cache)
+    facts = facts_of(inventory)
+    node = host(inventory, builder)
+    info = json.loads(node.check_output("cat /opt/llama.cpp/current/BUILD-INFO.json"))
+    bare = [bare_build(node, facts["build_root"], info)]  # minutes of both cores, and steady: once
+    p1 = bench_report.figure("P1", [converge], bare, profile=[profiled("fresh site.yml", converge, converge_profile)],
+                             notes=[f"the converge compiled once, on {builder}, in {first_compile:.0f} s "
+                                    f"({first_cache or 'no compiler cache'}), and installed 3 hosts; the bare build "
+                                    "is configure + build of the same tree, flags and targets, without ccache"])
+    master = host(inventory, facts["master"])
+    with ApiClients(master, port=api_port(facts), key=api_key(master)) as clients:
+        clients.event("upgrade.yml")
+        upgrade, output, upgrade_profile = timed_playbook(inventory, "upgrade.yml", *extra, "-e", CHANGED_FLAG)
+        time.sleep(3)
+    second = [row for row in ledger(cache) if row[0] != first_id]
+    if len(second) != 1:
+        sys.exit(f"P2b: the upgrade to {CHANGED_FLAG} compiled {len(second)} times: {second}")
+    [(_, _, second_compile, second_cache)] = second
+    p2b = bench_report.figure("P2b", [second_compile], [first_compile],
+                              profile=[profiled("upgrade.yml", upgrade, upgrade_profile)],
+                              notes=[f"upgrade.yml to {CHANGED_FLAG} (GGML_NATIVE: ggml's CPU backend changes): "
+                                     f"{second_cache or 'no compiler cache'}"])
+    found = re.search(r"Outage \(first node stopped -> /health 200\): ([\d.]+) s, of which the model load "
+                      r"\(llama-server started -> /health 200\) ([\d.]+) s", output)
+    if not found:
+        sys.exit(f"UP: upgrade.yml did not report its outage:\n{output[-3000:]}")
+    outage, load = map(float, found.groups())
+    waits = [request[1] for requests in clients.results.values() for request in requests]
+    failed = sum(len(requests) for requests in clients.failed().values())
+    up = bench_report.figure("UP", [max(waits)], [load], failed=failed, requests=len(waits),
+                             notes=[f"{len(waits)} requests (1 client every 0.5 s, 8 every 2 s) during upgrade.yml, "
+                                    f"{failed} failed; the play's outage (first node stopped -> /health 200) "
+                                    f"{outage:.1f} s"])
+    return {"P1": p1, "P2b": p2b, "UP": up}
+
+
+def measure_p9():
+    """Fresh converges with 3, 6 and 12 workers, the build from the artifact cache: no compilation."""
+    points, profiles = [], []
+    with tempfile.TemporaryDirectory(prefix="llama-bench-p9-") as directory:
+        for workers in P9_WORKERS:
+            demo_containers("present", workers)
+            compiled = len(ledger(Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser()))
+            inventory = scaled_inventory(Path(directory) / str(workers), workers)
+            seconds, _, profile = timed_playbook(inventory, "site.yml")
+            if len(ledger(Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser())) != compiled:
+                sys.exit(f"P9: the converge of {workers} workers compiled")
+            points.append((workers, round(seconds, 1)))
+            profiles.append(profiled(f"fresh site.yml, {workers} workers", seconds, profile))
+            print(f"P9: {workers} workers converged in {seconds:.0f} s", flush=True)
+    return bench_report.slope_figure("P9", points, compiles=0, profile=profiles)
+
+
+def measure_p3(inventory):
+    """One fresh converge (the demo's containers made again) and the no-op run after it: the demo as make demo
+    leaves it."""
+    demo_containers("present")
+    converge, _, converge_profile = timed_playbook(inventory, "site.yml")
+    rerun, output, rerun_profile = timed_playbook(inventory, "site.yml")
     changed = {name: stats["changed"] for name, stats in recap(output).items() if stats["changed"]}
     if changed:
         sys.exit(f"P3: the second site.yml changed something: {changed}")
-    return bench_report.figure("P3", [rerun], [converge])
+    return bench_report.figure("P3", [rerun], [converge], profile=[
+        profiled("fresh site.yml", converge, converge_profile), profiled("no-op site.yml", rerun, rerun_profile)])
 
 
-def server_argv(master):
+def server_argv(master, unit):
     """llama-server's argv and environment as its unit runs it (from /proc of its main process)."""
-    pid = main_pid(master, "llama-server.service")
+    pid = main_pid(master, unit)
     environ = master.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
     keep = [line for line in environ if re.match(r"(LLAMA_|GGML_|CUDA_|HIP_|ROCR_|LD_LIBRARY_PATH)", line)]
     return cmdline(master, pid), keep
@@ -110,21 +259,30 @@ def option(argv, name, default=""):
     return argv[argv.index(name) + 1] if name in argv else default
 
 
+def api_port(facts):
+    return int(re.search(r":(\d+)/?$", facts["url"]).group(1))
+
+
+def api_key(master):
+    """The API key llama-server reads (--api-key-file), "" without one."""
+    facts_argv, _ = server_argv(master, "llama-server.service")
+    key_file = option(facts_argv, "--api-key-file")
+    return master.check_output(f"cat {shlex.quote(key_file)}").strip() if key_file else ""
+
+
 def requests(master, url, key_file, repeat):
     python(master, REQUEST, url, key_file)  # warm-up
     samples = [json.loads(python(master, REQUEST, url, key_file)) for _ in range(repeat)]
     return [tokens / seconds for tokens, seconds, _ in samples], [decode for _, _, decode in samples]
 
 
-def measure_p5(inventory, groups, repeat):
-    master = host(inventory, groups["llama_master"][0])
-    argv, environ = server_argv(master)
+def measure_p5(inventory, facts, repeat):
+    master = host(inventory, facts["master"])
+    units = facts["units"]
+    argv, environ = server_argv(master, units["server"])
     key_file = option(argv, "--api-key-file")
-    api = master.check_output("systemctl show -p Description --value llama-front.service 2>/dev/null || true")
-    port = re.search(r"on [\d.]+:(\d+)", api)
-    cluster_port = int(port.group(1) if port else option(argv, "--port", "8080"))
-    cluster_url = f"http://127.0.0.1:{cluster_port}"
-    cluster, cluster_decode = requests(master, cluster_url, key_file, repeat)
+    cluster_port = api_port(facts)
+    cluster, cluster_decode = requests(master, facts["url"], key_file, repeat)
     hand_argv = list(argv)
     for flag, value in (("--port", str(HAND_PORT)), ("--host", "127.0.0.1")):
         if flag in hand_argv:
@@ -132,7 +290,7 @@ def measure_p5(inventory, groups, repeat):
         else:
             hand_argv += [flag, value]
     settings = " ".join(f"--setenv={shlex.quote(line)}" for line in environ)
-    master.check_output("systemctl stop llama-server-watch.service llama-server.service")
+    master.check_output(f"systemctl stop {units['watch']} {units['server']}")
     try:
         # A worker's RPC server takes a moment to serve its next client after llama-server's session ended: started
         # before, llama-server aborts ("Remote RPC server crashed"), and is started again, as one would by hand.
@@ -142,12 +300,63 @@ def measure_p5(inventory, groups, repeat):
         hand, hand_decode = requests(master, f"http://127.0.0.1:{HAND_PORT}", key_file, repeat)
     finally:
         master.run(f"systemctl stop {HAND_UNIT}.service")
-        master.check_output("systemctl start llama-server.service llama-server-watch.service")
+        master.check_output(f"systemctl start {units['server']} {units['watch']}")
         wait_health(master, cluster_port, timeout=600)
     return bench_report.figure(
         "P5", cluster, hand, decode_tps={"cluster": cluster_decode, "by hand": hand_decode},
         notes=[f"end-to-end tok/s of 64-token greedy requests from the master (llama-server's own decode tok/s: "
                f"cluster {bench_report.median(cluster_decode):.1f}, by hand {bench_report.median(hand_decode):.1f})"])
+
+
+def split_line(output):
+    return next((line.strip().strip('",') for line in output.splitlines() if "--tensor-split" in line
+                 and "strategy" in line), "")
+
+
+def measure_p6(inventory, facts, repeat):
+    """Two workers' RPC servers held to CPU quotas 2:1; tok/s with the memory split (the cluster as it is planned
+    by default) and with the speed split from playbooks/bench.yml's calibration under the same quotas."""
+    master = host(inventory, facts["master"])
+    key_file = option(server_argv(master, facts["units"]["server"])[0], "--api-key-file")
+    quotas = dict(zip(list(facts["rpc_units"])[:2], ("100%", "50%")))
+    if len(quotas) < 2:
+        return bench_report.skipped("P6", "needs two workers")
+    nodes = {name: host(inventory, name) for name in quotas}
+    speeds = Path(tempfile.mkdtemp(prefix="llama-bench-speeds-")) / "llama-speeds.json"
+    profiles, plans = [], {}
+    try:
+        for name, quota in quotas.items():
+            nodes[name].check_output(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota={quota}")
+        samples = {}
+        for strategy in ("memory", "speed"):
+            if strategy == "speed":
+                seconds, _, profile = timed_playbook(inventory, "playbooks/bench.yml", "-e", f"llama_speeds_file={speeds}")
+                profiles.append(profiled("playbooks/bench.yml", seconds, profile))
+            seconds, output, profile = timed_playbook(inventory, "site.yml", "-e", f"llama_speeds_file={speeds}",
+                                                      "-e", f"llama_split_strategy={strategy}")
+            profiles.append(profiled(f"site.yml, strategy {strategy}", seconds, profile))
+            plans[strategy] = split_line(output)
+            wait_health(master, api_port(facts), timeout=600)
+            samples[strategy], _ = requests(master, facts["url"], key_file, repeat)
+    finally:
+        for name in quotas:
+            nodes[name].run(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota=")
+        timed_playbook(inventory, "site.yml")
+    recorded = json.loads(speeds.read_text()) if speeds.exists() else {}
+    measured = {name: recorded.get(name, {}) for name in quotas}
+    return bench_report.figure("P6", samples["speed"], samples["memory"], profile=profiles, plans=plans,
+                               notes=[f"CPU quotas {', '.join(f'{name} {quota}' for name, quota in quotas.items())}; "
+                                      f"calibrated speeds {json.dumps(measured)}; plans: {json.dumps(plans)}"])
+
+
+def read_facts(inventory):
+    """The master's settings from the cluster's facts (tools/bench-facts.yml)."""
+    with tempfile.TemporaryDirectory(prefix="llama-bench-facts-") as directory:
+        path = Path(directory) / "facts.json"
+        result = run_playbook("tools/bench-facts.yml", "-e", f"bench_facts_file={path}", inventory=inventory)
+        if result.returncode != 0:
+            sys.exit(f"tools/bench-facts.yml failed:\n{(result.stdout + result.stderr)[-4000:]}")
+        return json.loads(path.read_text())
 
 
 def commit():
@@ -157,30 +366,46 @@ def commit():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-i", "--inventory", default=str(ROOT / "inventory" / "demo"))
+    parser.add_argument("-i", "--inventory", default=str(DEMO))
     parser.add_argument("--figures", default=",".join(MEASURED), help="comma-separated, of " + ", ".join(MEASURED))
     parser.add_argument("--repeat", type=int, default=3, help="measurements of each side of a ratio")
-    parser.add_argument("--fresh", action="store_true", help="make the demo's containers again for P3")
+    parser.add_argument("--fresh", action="store_true",
+                        help="make the demo's containers again: P1, P2b, UP, P9 and P3 (the demo inventory only)")
     parser.add_argument("--out", default=str(ROOT / "bench"))
     args = parser.parse_args(argv)
     wanted = [name.strip() for name in args.figures.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in MEASURED]
     if unknown:
         parser.error(f"unknown figures {unknown}: this tool measures {', '.join(MEASURED)}")
-    os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
     inventory = str(Path(args.inventory).resolve())
-    groups = inventory_groups(inventory)
+    if args.fresh and Path(inventory) != DEMO:
+        parser.error("--fresh makes the demo's containers again: it measures the demo inventory only")
+    os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
     figures = {}
     for spec_id in bench_report.SPECS:
         if spec_id not in wanted:
-            reason = "not asked for (--figures)" if spec_id in MEASURED else "not measured by this version"
-            figures[spec_id] = bench_report.skipped(spec_id, reason)
-        elif spec_id == "P3":
-            figures[spec_id] = measure_p3(inventory, args.fresh)
-        elif spec_id == "P5":
-            figures[spec_id] = measure_p5(inventory, groups, args.repeat)
-        print(f"{spec_id}: {bench_report.shown(figures[spec_id])} ({bench_report.verdict(figures[spec_id])})",
-              flush=True)
+            figures[spec_id] = bench_report.skipped(spec_id, "not asked for (--figures)")
+        elif spec_id in FRESH and not args.fresh:
+            figures[spec_id] = bench_report.skipped(spec_id, "needs fresh hosts: --fresh (the demo) makes them")
+
+    def measured(results):
+        for spec_id, result in results.items():
+            if spec_id in wanted:
+                figures[spec_id] = result
+                print(f"{spec_id}: {bench_report.shown(result)} ({bench_report.verdict(result)})", flush=True)
+
+    if args.fresh and set(wanted) & {"P1", "P2b", "UP"}:
+        measured(measure_build(inventory, read_facts))
+    if args.fresh and "P9" in wanted:
+        measured({"P9": measure_p9()})
+    if args.fresh and set(wanted) & set(FRESH):
+        measured({"P3": measure_p3(inventory)})  # the demo as make demo leaves it, whatever ran before
+    if set(wanted) & {"P5", "P6"}:
+        facts = read_facts(inventory)
+        if "P5" in wanted:
+            measured({"P5": measure_p5(inventory, facts, args.repeat)})
+        if "P6" in wanted:
+            measured({"P6": measure_p6(inventory, facts, args.repeat)})
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rec = bench_report.record(figures, date=now, commit=commit(), inventory=args.inventory, repeat=args.repeat)
     report = bench_report.write(rec, args.out)
