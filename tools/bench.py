@@ -54,6 +54,7 @@ P9_WORKERS = (3, 6, 12)
 # The flag P2b changes: GGML_NATIVE recompiles ggml's CPU backend and nothing else.
 CHANGED_FLAG = "llamacpp_native=true"
 BENCH_CCACHE = "/var/cache/llamacpp-bench-ccache"
+LOGS = os.environ.get("LLAMA_BENCH_LOGS", "")  # a directory: every playbook's whole output is kept there
 PROFILE = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "PROFILE_TASKS_SORT_ORDER": "descending",
            "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "10"}
 HAND_PORT = 18190
@@ -115,6 +116,10 @@ def timed_playbook(inventory, playbook, *args, timeout=7200):
             else:
                 os.environ[key] = value
     output = result.stdout + result.stderr
+    if LOGS:
+        Path(LOGS).mkdir(parents=True, exist_ok=True)
+        log = Path(LOGS) / f"{time.strftime('%H%M%S')}-{Path(playbook).stem}.log"
+        log.write_text(" ".join(args) + "\n" + output)
     if result.returncode != 0:
         sys.exit(f"{playbook} {' '.join(args)} failed:\n{output[-4000:]}")
     return seconds, output, slowest_tasks(output)
@@ -166,13 +171,14 @@ def bare_build(node, build_root, info):
     bare = "/var/tmp/llama-bench-bare"
     targets = " ".join(shlex.quote(target) for target in info["binaries"])
     args = " ".join(shlex.quote(arg) for arg in info["cmake_args"])
-    script = (f"set -e; rm -rf {bare}; start=$(date +%s.%N); cmake -S {source} -B {bare} {args} > {bare}.log 2>&1; "
-              f"cmake --build {bare} --parallel $(nproc) --target {targets} >> {bare}.log 2>&1; "
-              f"echo \"$(date +%s.%N) - $start\" | bc; rm -rf {bare} {bare}.log")
+    script = (f"rm -rf {bare}; {{ cmake -S {source} -B {bare} {args} && cmake --build {bare} --parallel $(nproc) "
+              f"--target {targets}; }} > {bare}.log 2>&1 || {{ tail -n 40 {bare}.log; exit 1; }}; rm -rf {bare} {bare}.log")
+    began = time.monotonic()
     result = node.run(f"env -u CCACHE_DIR bash -c {shlex.quote(script)}")
+    seconds = time.monotonic() - began
     if result.rc != 0:
         sys.exit(f"the bare build on {node.backend.hostname} failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
-    return float(result.stdout.strip().splitlines()[-1])
+    return seconds
 
 
 def measure_build(inventory, facts_of):
