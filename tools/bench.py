@@ -18,7 +18,8 @@ On the running cluster (any inventory):
   P5  decode tok/s through the cluster's API ÷ the same llama-server binary, arguments and workers started by hand
       (a transient unit, without the project's unit, front or watch), on the master, requests from the master.
   P6  tok/s with llama_split_strategy speed ÷ memory, the first two workers' RPC servers given CPU quotas 2:1
-      (systemctl set-property --runtime CPUQuota=, removed after), speeds calibrated by playbooks/bench.yml.
+      (60 % and 30 % per few ms: systemctl set-property --runtime CPUQuota=, removed after), speeds calibrated by
+      playbooks/bench.yml.
 
 The cluster is exclusive while it runs: it is stopped, re-planned and restarted; P5 and P6 leave it as they found it.
 Usage: tools/bench.py [-i inventory/demo] [--figures P1,P2b,...] [--repeat 3] [--fresh] [--out bench]
@@ -31,6 +32,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -45,12 +47,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
-from cluster_helpers import ApiClients, cmdline, main_pid, recap, run_playbook, wait_health  # noqa: E402  # pylint: disable=wrong-import-position
+from cluster_helpers import (  # noqa: E402  # pylint: disable=wrong-import-position
+    ApiClients, cmdline, main_pid, recap, run_playbook, wait_health)
 
 MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6")
 FRESH = ("P1", "P2b", "UP", "P9", "P3")
 DEMO = ROOT / "inventory" / "demo"
 P9_WORKERS = (3, 6, 12)
+# The first two workers' CPU quotas for P6, over periods of a few ms (CPUQuotaPeriodSec=1ms; systemd keeps the quota
+# at 1 ms or more): a worker computes its layers of a token in some ms and waits for the others meanwhile, so over
+# systemd's default 100 ms period its quota never bound (100 % against 50 %, or 30 % against 15 %: the two splits
+# within 3 % of each other); within each few ms, it slows every computation, as a slower device does.
+P6_QUOTAS = ("60%", "30%")
 # The flag P2b changes: GGML_NATIVE recompiles ggml's CPU backend and nothing else.
 CHANGED_FLAG = "llamacpp_native=true"
 BENCH_CCACHE = "/var/cache/llamacpp-bench-ccache"
@@ -101,14 +109,22 @@ def slowest_tasks(output, count=8):
     return [[task.strip(), float(seconds)] for task, seconds in rows[:count]]
 
 
+def controller_cpu():
+    """CPU seconds of this process's finished children: ansible-playbook, its forks and their connections' clients
+    (docker exec, ssh), not the hosts' own work."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed_playbook(inventory, playbook, *args, timeout=7200):
-    """(seconds, output, profile) of one ansible-playbook run, which must succeed; profile: its slowest tasks."""
+    """(seconds, output, profile) of one ansible-playbook run, which must succeed; profile: its slowest tasks and the
+    controller's CPU seconds."""
     saved = {key: os.environ.get(key) for key in PROFILE}
     os.environ.update(PROFILE)
     try:
-        began = time.monotonic()
+        began, cpu = time.monotonic(), controller_cpu()
         result = run_playbook(playbook, *args, inventory=inventory, timeout=timeout)
-        seconds = time.monotonic() - began
+        seconds, cpu = time.monotonic() - began, controller_cpu() - cpu
     finally:
         for key, value in saved.items():
             if value is None:
@@ -122,11 +138,11 @@ def timed_playbook(inventory, playbook, *args, timeout=7200):
         log.write_text(" ".join(args) + "\n" + output)
     if result.returncode != 0:
         sys.exit(f"{playbook} {' '.join(args)} failed:\n{output[-4000:]}")
-    return seconds, output, slowest_tasks(output)
+    return seconds, output, {"controller_cpu_s": round(cpu, 1), "slowest": slowest_tasks(output)}
 
 
 def profiled(name, seconds, profile):
-    return {"run": name, "seconds": round(seconds, 1), "slowest": profile}
+    return {"run": name, "seconds": round(seconds, 1), **profile}
 
 
 def demo_containers(state, workers=2):
@@ -172,7 +188,8 @@ def bare_build(node, build_root, info):
     targets = " ".join(shlex.quote(target) for target in info["binaries"])
     args = " ".join(shlex.quote(arg) for arg in info["cmake_args"])
     script = (f"rm -rf {bare}; {{ cmake -S {source} -B {bare} {args} && cmake --build {bare} --parallel $(nproc) "
-              f"--target {targets}; }} > {bare}.log 2>&1 || {{ tail -n 40 {bare}.log; exit 1; }}; rm -rf {bare} {bare}.log")
+              f"--target {targets}; }} > {bare}.log 2>&1 || {{ tail -n 40 {bare}.log; exit 1; }}; "
+              f"rm -rf {bare} {bare}.log")
     began = time.monotonic()
     result = node.run(f"env -u CCACHE_DIR bash -c {shlex.quote(script)}")
     seconds = time.monotonic() - began
@@ -186,7 +203,8 @@ def measure_build(inventory, facts_of):
     demo_containers("present")
     cache = tempfile.mkdtemp(prefix="llama-bench-artifacts-")
     extra = ["-e", f"llamacpp_artifact_cache={cache}", "-e", f"llamacpp_ccache_dir={BENCH_CCACHE}"]
-    converge, _, converge_profile = timed_playbook(inventory, "site.yml", *extra)
+    converge, output, converge_profile = timed_playbook(inventory, "site.yml", *extra)
+    nodes = len([name for name in recap(output) if name != "localhost"])
     [(first_id, builder, first_compile, first_cache)] = ledger(cache)
     facts = facts_of(inventory)
     node = host(inventory, builder)
@@ -194,13 +212,9 @@ def measure_build(inventory, facts_of):
     bare = [bare_build(node, facts["build_root"], info)]  # minutes of both cores, and steady: once
     p1 = bench_report.figure("P1", [converge], bare, profile=[profiled("fresh site.yml", converge, converge_profile)],
                              notes=[f"the converge compiled once, on {builder}, in {first_compile:.0f} s "
-                                    f"({first_cache or 'no compiler cache'}), and installed 3 hosts; the bare build "
-                                    "is configure + build of the same tree, flags and targets, without ccache"])
-    master = host(inventory, facts["master"])
-    with ApiClients(master, port=api_port(facts), key=api_key(master)) as clients:
-        clients.event("upgrade.yml")
-        upgrade, output, upgrade_profile = timed_playbook(inventory, "upgrade.yml", *extra, "-e", CHANGED_FLAG)
-        time.sleep(3)
+                                    f"({first_cache or 'no compiler cache'}), and installed {nodes} hosts; the bare "
+                                    "build is configure + build of the same tree, flags and targets, without ccache"])
+    upgrade, _, upgrade_profile = timed_playbook(inventory, "upgrade.yml", *extra, "-e", CHANGED_FLAG)
     second = [row for row in ledger(cache) if row[0] != first_id]
     if len(second) != 1:
         sys.exit(f"P2b: the upgrade to {CHANGED_FLAG} compiled {len(second)} times: {second}")
@@ -209,6 +223,14 @@ def measure_build(inventory, facts_of):
                               profile=[profiled("upgrade.yml", upgrade, upgrade_profile)],
                               notes=[f"upgrade.yml to {CHANGED_FLAG} (GGML_NATIVE: ggml's CPU backend changes): "
                                      f"{second_cache or 'no compiler cache'}"])
+    # Back to the first build, which every node keeps (the rollback point): the switch alone, clients asking.
+    master = host(inventory, facts["master"])
+    with ApiClients(master, port=api_port(facts), key=api_key(master)) as clients:
+        clients.event("upgrade.yml")
+        back, output, back_profile = timed_playbook(inventory, "upgrade.yml", *extra)
+        time.sleep(3)
+    if len(ledger(cache)) != 2:
+        sys.exit(f"UP: the upgrade back to {first_id} compiled: {ledger(cache)}")
     found = re.search(r"Outage \(first node stopped -> /health 200\): ([\d.]+) s, of which the model load "
                       r"\(llama-server started -> /health 200\) ([\d.]+) s", output)
     if not found:
@@ -217,15 +239,16 @@ def measure_build(inventory, facts_of):
     waits = [request[1] for requests in clients.results.values() for request in requests]
     failed = sum(len(requests) for requests in clients.failed().values())
     up = bench_report.figure("UP", [max(waits)], [load], failed=failed, requests=len(waits),
-                             notes=[f"{len(waits)} requests (1 client every 0.5 s, 8 every 2 s) during upgrade.yml, "
-                                    f"{failed} failed; the play's outage (first node stopped -> /health 200) "
-                                    f"{outage:.1f} s"])
+                             profile=[profiled("upgrade.yml back", back, back_profile)],
+                             notes=[f"upgrade.yml back to the first build (kept on every node: no compilation), "
+                                    f"{len(waits)} requests (1 client every 0.5 s, 8 every 2 s), {failed} failed; "
+                                    f"the play's outage (first node stopped -> /health 200) {outage:.1f} s"])
     return {"P1": p1, "P2b": p2b, "UP": up}
 
 
 def measure_p9():
     """Fresh converges with 3, 6 and 12 workers, the build from the artifact cache: no compilation."""
-    points, profiles = [], []
+    points, cpu, profiles = [], [], []
     with tempfile.TemporaryDirectory(prefix="llama-bench-p9-") as directory:
         for workers in P9_WORKERS:
             demo_containers("present", workers)
@@ -235,9 +258,14 @@ def measure_p9():
             if len(ledger(Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser())) != compiled:
                 sys.exit(f"P9: the converge of {workers} workers compiled")
             points.append((workers, round(seconds, 1)))
+            cpu.append((workers, profile["controller_cpu_s"]))
             profiles.append(profiled(f"fresh site.yml, {workers} workers", seconds, profile))
             print(f"P9: {workers} workers converged in {seconds:.0f} s", flush=True)
-    return bench_report.slope_figure("P9", points, compiles=0, profile=profiles)
+    per_worker = bench_report.slope(cpu)[0]
+    return bench_report.slope_figure("P9", points, compiles=0, profile=profiles, controller_cpu=cpu, notes=[
+        f"the controller's CPU per added worker: {per_worker:.1f} s (ansible-playbook, its forks and docker exec: "
+        "what a cluster of separate machines serializes; the rest of the slope is the hosts' own work, here on the "
+        "same 2 cores)"])
 
 
 def measure_p3(inventory):
@@ -324,7 +352,7 @@ def measure_p6(inventory, facts, repeat):
     by default) and with the speed split from playbooks/bench.yml's calibration under the same quotas."""
     master = host(inventory, facts["master"])
     key_file = option(server_argv(master, facts["units"]["server"])[0], "--api-key-file")
-    quotas = dict(zip(list(facts["rpc_units"])[:2], ("100%", "50%")))
+    quotas = dict(zip(list(facts["rpc_units"])[:2], P6_QUOTAS))
     if len(quotas) < 2:
         return bench_report.skipped("P6", "needs two workers")
     nodes = {name: host(inventory, name) for name in quotas}
@@ -332,11 +360,13 @@ def measure_p6(inventory, facts, repeat):
     profiles, plans = [], {}
     try:
         for name, quota in quotas.items():
-            nodes[name].check_output(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota={quota}")
+            nodes[name].check_output(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota={quota} "
+                                     "CPUQuotaPeriodSec=1ms")
         samples = {}
         for strategy in ("memory", "speed"):
             if strategy == "speed":
-                seconds, _, profile = timed_playbook(inventory, "playbooks/bench.yml", "-e", f"llama_speeds_file={speeds}")
+                seconds, _, profile = timed_playbook(inventory, "playbooks/bench.yml", "-e",
+                                                     f"llama_speeds_file={speeds}")
                 profiles.append(profiled("playbooks/bench.yml", seconds, profile))
             seconds, output, profile = timed_playbook(inventory, "site.yml", "-e", f"llama_speeds_file={speeds}",
                                                       "-e", f"llama_split_strategy={strategy}")
@@ -346,7 +376,7 @@ def measure_p6(inventory, facts, repeat):
             samples[strategy], _ = requests(master, facts["url"], key_file, repeat)
     finally:
         for name in quotas:
-            nodes[name].run(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota=")
+            nodes[name].run(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota= CPUQuotaPeriodSec=")
         timed_playbook(inventory, "site.yml")
     recorded = json.loads(speeds.read_text()) if speeds.exists() else {}
     measured = {name: recorded.get(name, {}) for name in quotas}

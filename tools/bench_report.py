@@ -75,17 +75,25 @@ def figure(spec_id, numerator, denominator, **details):
             "unit": spec.unit, **details}
 
 
+def slope(points):
+    """The least-squares line through points = [(x, y)]: (slope, intercept)."""
+    if len({x for x, _ in points}) < 2:
+        raise ValueError(f"a slope needs two sizes at least, got {points}")
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    rise = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
+    return rise, mean_y - rise * mean_x
+
+
 def slope_figure(spec_id, points, **details):
     """A figure that is a least-squares slope (P9: converge seconds against workers): points = [(x, y)]."""
     spec = SPECS[spec_id]
-    if len({x for x, _ in points}) < 2:
-        raise ValueError(f"{spec_id}: a slope needs two sizes at least, got {points}")
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
-             / sum((x - mean_x) ** 2 for x in xs))
-    return {"id": spec_id, "title": spec.title, "value": round(slope, 4), "goal": str(spec.goal),
-            "met": spec.goal.met(slope), "intercept": round(mean_y - slope * mean_x, 4),
+    try:
+        value, intercept = slope(points)
+    except ValueError as error:
+        raise ValueError(f"{spec_id}: {error}") from None
+    return {"id": spec_id, "title": spec.title, "value": round(value, 4), "goal": str(spec.goal),
+            "met": spec.goal.met(value), "intercept": round(intercept, 4),
             "points": [list(point) for point in points], "unit": spec.unit, **details}
 
 
