@@ -50,7 +50,8 @@ SPECS = {spec.id: spec for spec in (
          Goal(">=", 1.3), unit="tok/s"),
     Spec("P9", "converge time per added worker", "seconds per worker added (slope)", "1 worker",
          Goal("<=", 10), unit="s/worker"),
-    Spec("UP", "upgrade outage ÷ model load", "longest request wait during upgrade.yml", "llama-server's model load",
+    Spec("UP", "upgrade outage ÷ model load", "upgrade.yml's outage (first node stopped -> /health 200)",
+         "llama-server's model load (started -> /health 200)",
          Goal("<=", 1.5)),
 )}
 
