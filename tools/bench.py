@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
 from cluster_helpers import (  # noqa: E402  # pylint: disable=wrong-import-position
-    ApiClients, cmdline, main_pid, recap, run_playbook, wait_health)
+    ApiClients, cmdline, main_pid, option, recap, run_playbook, wait_health)
 
 MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6")
 FRESH = ("P1", "P2b", "UP", "P9", "P3")
@@ -237,7 +237,7 @@ def measure_build(inventory, facts_of):
                                      f"{second_cache or 'no compiler cache'}"])
     # Back to the first build, which every node keeps (the rollback point): the switch alone, clients asking.
     master = host(inventory, facts["master"])
-    with ApiClients(master, port=api_port(facts), key=api_key(master)) as clients:
+    with ApiClients(master, port=api_port(facts), key=api_key(master, facts)) as clients:
         clients.event("upgrade.yml")
         back, output, back_profile = timed_playbook(inventory, "upgrade.yml", *extra)
         time.sleep(3)
@@ -300,24 +300,24 @@ def server_argv(master, unit):
     return cmdline(master, pid), keep
 
 
-def option(argv, name, default=""):
-    return argv[argv.index(name) + 1] if name in argv else default
-
-
 def api_port(facts):
     return int(re.search(r":(\d+)/?$", facts["url"]).group(1))
 
 
-def api_key(master):
-    """The API key llama-server reads (--api-key-file), "" without one."""
-    facts_argv, _ = server_argv(master, "llama-server.service")
-    key_file = option(facts_argv, "--api-key-file")
-    return master.check_output(f"cat {shlex.quote(key_file)}").strip() if key_file else ""
+def key_file(master, facts):
+    """The file llama-server reads its API key from (--api-key-file), "" without one."""
+    return option(server_argv(master, facts["units"]["server"])[0], "--api-key-file", "")
 
 
-def requests(master, url, key_file, repeat):
-    python(master, REQUEST, url, key_file)  # warm-up
-    samples = [json.loads(python(master, REQUEST, url, key_file)) for _ in range(repeat)]
+def api_key(master, facts):
+    """The API key llama-server reads, "" without one."""
+    path = key_file(master, facts)
+    return master.check_output(f"cat {shlex.quote(path)}").strip() if path else ""
+
+
+def requests(master, url, key_path, repeat):
+    python(master, REQUEST, url, key_path)  # warm-up
+    samples = [json.loads(python(master, REQUEST, url, key_path)) for _ in range(repeat)]
     return [tokens / seconds for tokens, seconds, _ in samples], [decode for _, _, decode in samples]
 
 
@@ -325,9 +325,9 @@ def measure_p5(inventory, facts, repeat):
     master = host(inventory, facts["master"])
     units = facts["units"]
     argv, environ = server_argv(master, units["server"])
-    key_file = option(argv, "--api-key-file")
+    key_path = option(argv, "--api-key-file", "")
     cluster_port = api_port(facts)
-    cluster, cluster_decode = requests(master, facts["url"], key_file, repeat)
+    cluster, cluster_decode = requests(master, facts["url"], key_path, repeat)
     hand_argv = list(argv)
     for flag, value in (("--port", str(HAND_PORT)), ("--host", "127.0.0.1")):
         if flag in hand_argv:
@@ -342,7 +342,7 @@ def measure_p5(inventory, facts, repeat):
         master.check_output(f"systemd-run --quiet --collect --unit={HAND_UNIT} -p User=llama -p Restart=on-failure "
                             f"-p RestartSec=1 {settings} " + " ".join(shlex.quote(arg) for arg in hand_argv))
         wait_health(master, HAND_PORT, timeout=300)
-        hand, hand_decode = requests(master, f"http://127.0.0.1:{HAND_PORT}", key_file, repeat)
+        hand, hand_decode = requests(master, f"http://127.0.0.1:{HAND_PORT}", key_path, repeat)
     finally:
         master.run(f"systemctl stop {HAND_UNIT}.service")
         master.check_output(f"systemctl start {units['server']} {units['watch']}")
@@ -362,7 +362,7 @@ def measure_p6(inventory, facts, repeat):
     """Two workers' RPC servers held to CPU quotas 2:1; tok/s with the memory split (the cluster as it is planned
     by default) and with the speed split from playbooks/bench.yml's calibration under the same quotas."""
     master = host(inventory, facts["master"])
-    key_file = option(server_argv(master, facts["units"]["server"])[0], "--api-key-file")
+    key_path = key_file(master, facts)
     quotas = dict(zip(list(facts["rpc_units"])[:2], P6_QUOTAS))
     if len(quotas) < 2:
         return bench_report.skipped("P6", "needs two workers")
@@ -384,7 +384,7 @@ def measure_p6(inventory, facts, repeat):
             profiles.append(profiled(f"site.yml, strategy {strategy}", seconds, profile))
             plans[strategy] = split_line(output)
             wait_health(master, api_port(facts), timeout=600)
-            samples[strategy], _ = requests(master, facts["url"], key_file, repeat)
+            samples[strategy], _ = requests(master, facts["url"], key_path, repeat)
     finally:
         for name in quotas:
             nodes[name].run(f"systemctl set-property --runtime {facts['rpc_units'][name]} CPUQuota= CPUQuotaPeriodSec=")

@@ -76,7 +76,10 @@ def cmdline(host, pid):
     return host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 
 
-def option(args, name):
+def option(args, name, default=None):
+    """The value after `name` in args; `default` when it is absent (None: absent is an error)."""
+    if default is not None and name not in args:
+        return default
     return args[args.index(name) + 1]
 
 
