@@ -63,6 +63,8 @@ P6_QUOTAS = ("60%", "30%")
 # The flag P2b changes: GGML_NATIVE recompiles ggml's CPU backend and nothing else.
 CHANGED_FLAG = "llamacpp_native=true"
 BENCH_CCACHE = "/var/cache/llamacpp-bench-ccache"
+# The demo's artifact cache (role llamacpp's default llamacpp_artifact_cache), whose ledger P9 reads.
+ARTIFACTS = Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser()
 LOGS = os.environ.get("LLAMA_BENCH_LOGS", "")  # a directory: every playbook's whole output is kept there
 PROFILE = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "PROFILE_TASKS_SORT_ORDER": "descending",
            "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "10"}
@@ -82,12 +84,6 @@ with urllib.request.urlopen(urllib.request.Request(url + "/completion", body, he
     answer = json.load(response)
 print(json.dumps([answer["tokens_predicted"], time.monotonic() - start, answer["timings"]["predicted_per_second"]]))
 """
-def inventory_groups(inventory):
-    listing = json.loads(subprocess.run(["ansible-inventory", "-i", inventory, "--list"], check=True,
-                                        capture_output=True, text=True, cwd=ROOT).stdout)
-    return {name: group.get("hosts", []) for name, group in listing.items() if isinstance(group, dict)}
-
-
 def host(inventory, name):
     """A testinfra host for an inventory host. The demo's are containers whose names the inventory templates
     (ansible_host: llama-demo-{{ inventory_hostname }}), which testinfra's ansible backend does not: Ansible says."""
@@ -120,18 +116,9 @@ def controller_cpu():
 def timed_playbook(inventory, playbook, *args, timeout=7200):
     """(seconds, output, profile) of one ansible-playbook run, which must succeed; profile: its slowest tasks and the
     controller's CPU seconds."""
-    saved = {key: os.environ.get(key) for key in PROFILE}
-    os.environ.update(PROFILE)
-    try:
-        began, cpu = time.monotonic(), controller_cpu()
-        result = run_playbook(playbook, *args, inventory=inventory, timeout=timeout)
-        seconds, cpu = time.monotonic() - began, controller_cpu() - cpu
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    began, cpu = time.monotonic(), controller_cpu()
+    result = run_playbook(playbook, *args, inventory=inventory, timeout=timeout, env=PROFILE)
+    seconds, cpu = time.monotonic() - began, controller_cpu() - cpu
     output = result.stdout + result.stderr
     if LOGS:
         Path(LOGS).mkdir(parents=True, exist_ok=True)
@@ -263,10 +250,10 @@ def measure_p9():
     with tempfile.TemporaryDirectory(prefix="llama-bench-p9-") as directory:
         for workers in P9_WORKERS:
             demo_containers("present", workers)
-            compiled = len(ledger(Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser()))
+            compiled = len(ledger(ARTIFACTS))
             inventory = scaled_inventory(Path(directory) / str(workers), workers)
             seconds, _, profile = timed_playbook(inventory, "site.yml")
-            if len(ledger(Path("~/.cache/llamacpp-rpc-cluster/artifacts").expanduser())) != compiled:
+            if len(ledger(ARTIFACTS)) != compiled:
                 sys.exit(f"P9: the converge of {workers} workers compiled")
             points.append((workers, round(seconds, 1)))
             cpu.append((workers, profile["controller_cpu_s"]))

@@ -146,10 +146,11 @@ def wait_health(host, port, timeout=120):
     raise AssertionError(f"llama-server on port {port} not healthy within {timeout}s")
 
 
-def run_playbook(playbook, *args, inventory=None, timeout=900):
-    """ansible-playbook with the project's config on the scenario's inventory; results as one-line JSON."""
+def run_playbook(playbook, *args, inventory=None, timeout=900, env=None):
+    """ansible-playbook with the project's config on the scenario's inventory; results as one-line JSON. `env`: more
+    environment variables for this run (Ansible settings)."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json", **(env or {}))
     command = ["ansible-playbook", playbook, "-i", str(inventory or os.environ["MOLECULE_INVENTORY_FILE"]), *args]
     return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -1,6 +1,8 @@
 """tools/bench.py's readers on real input: Ansible's profile_tasks summary of a real run and its controller CPU, the build ledger's lines as
 the llamacpp role writes them, and the scaled demo inventory P9 converges (read back by ansible-inventory)."""
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,7 +50,10 @@ def test_the_ledger_gives_each_compilation_s_host_and_seconds(tmp_path):
 
 
 def test_the_scaled_inventory_is_the_demo_s_with_n_workers(tmp_path):
-    groups = bench.inventory_groups(bench.scaled_inventory(tmp_path / "12", 12))
+    inventory = bench.scaled_inventory(tmp_path / "12", 12)
+    listing = json.loads(subprocess.run(["ansible-inventory", "-i", inventory, "--list"], check=True,
+                                        capture_output=True, text=True, cwd=bench.ROOT).stdout)
+    groups = {name: group.get("hosts", []) for name, group in listing.items() if isinstance(group, dict)}
     assert groups["llama_master"] == ["master"]
     assert groups["llama_workers"] == [f"worker{index}" for index in range(1, 13)]
     assert (tmp_path / "12" / "group_vars").resolve() == bench.DEMO / "group_vars"
