@@ -1,6 +1,6 @@
 """tools/bench.py's readers on real input: Ansible's profile_tasks summary of a real run and its controller CPU,
-the build ledger's lines as
-the llamacpp role writes them, and the scaled demo inventory P9 converges (read back by ansible-inventory)."""
+the build ledger's lines as the llamacpp role writes them, and the scaled demo inventory P9 converges (read back by
+ansible-inventory)."""
 
 import json
 import subprocess
