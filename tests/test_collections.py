@@ -1,32 +1,60 @@
-"""The installed collections satisfy requirements.yml (for users who install from Galaxy instead)."""
+"""The installed collections satisfy what the project declares (for users who install from Galaxy instead): the
+runtime ones of requirements.yml and galaxy.yml's `dependencies`, the test-only ones of tests/requirements.yml."""
 
 import json
 import subprocess
 
+import pytest
 import yaml
-from ansible.utils.version import SemanticVersion
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 
 def satisfies(version, spec):
-    ops = {">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-           ">": lambda a, b: a > b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
-    for clause in spec.split(","):
-        clause = clause.strip()
-        op = next(op for op in (">=", "<=", "==", "!=", ">", "<") if clause.startswith(op))
-        if not ops[op](SemanticVersion(version), SemanticVersion(clause[len(op):].strip())):
-            return False
-    return True
+    """Whether `version` meets every clause of a Galaxy version range (">=2.0.0,<3.0.0"), pre-releases included,
+    except (PEP 440) a pre-release of an excluded upper bound: 3.0.0-rc.1 is not <3.0.0."""
+    return SpecifierSet(spec).contains(Version(version), prereleases=True)
 
 
-def test_installed_collections_satisfy_requirements(project):
-    wanted = yaml.safe_load((project / "requirements.yml").read_text())["collections"]
+def declared(project, source):
+    """{collection: version range} of one of the files that declare collections."""
+    data = yaml.safe_load((project / source).read_text())
+    if source == "galaxy.yml":
+        return dict(data.get("dependencies") or {})
+    return {entry["name"]: entry["version"] for entry in data["collections"]}
+
+
+@pytest.fixture(scope="module")
+def installed():
     listing = subprocess.run(["ansible-galaxy", "collection", "list", "--format", "json"],
                              capture_output=True, text=True, check=True).stdout
-    installed = {}
+    found = {}
     for collections in json.loads(listing).values():
         for name, info in collections.items():
-            installed.setdefault(name, info["version"])
-    for collection in wanted:
-        name, spec = collection["name"], collection["version"]
-        assert name in installed, f"{name} is not installed"
-        assert satisfies(installed[name], spec), f"{name} {installed[name]} does not satisfy {spec}"
+            found.setdefault(name, info["version"])
+    return found
+
+
+@pytest.mark.parametrize("source", ["requirements.yml", "galaxy.yml", "tests/requirements.yml"])
+def test_installed_collections_satisfy_the_declared_versions(project, installed, source):
+    wanted = declared(project, source)
+    assert wanted, f"{source} declares no collection"
+    for name, spec in wanted.items():
+        assert name in installed, f"{name} ({source}) is not installed"
+        assert satisfies(installed[name], spec), f"{name} {installed[name]} does not satisfy {spec} ({source})"
+
+
+@pytest.mark.parametrize("version, spec, expected", [
+    ("2.1.0", ">=2.0.0,<3.0.0", True),
+    ("3.0.0", ">=2.0.0,<3.0.0", False),
+    ("1.9.9", ">=2.0.0,<3.0.0", False),
+    ("11.4.2", ">=11.0.0,<12.0.0", True),
+    ("4.8.5", "==4.8.5", True),
+    ("4.8.5", "!=4.8.5", False),
+    ("4.8.5", ">4.8.5", False),
+    ("4.8.5", "<=4.8.5", True),
+    ("2.0.0-beta.1", ">=1.0.0", True),
+    ("3.0.0-rc.1", ">=2.0.0,<3.0.0", False),
+])
+def test_satisfies_reads_galaxy_version_ranges(version, spec, expected):
+    assert satisfies(version, spec) is expected

@@ -32,6 +32,7 @@ LANES = [
     ["tls"],
     ["firewall", "chrony"],
     ["mixed"],
+    ["prefill"],
 ]
 # Run only when named in LLAMA_OPTIONAL_SCENARIOS (their make target sets it): not part of `make test`.
 OPTIONAL = {"cuda": "make test-cuda builds the CUDA backend (about 25 minutes on 2 cores; needs nvcc)"}
@@ -48,6 +49,8 @@ AFTER = {
     ("upgrade", "create"): [("cluster", "create")],
     ("vulkan", "create"): [("cluster", "create")],
     ("mixed", "create"): [("cluster", "create")],
+    ("prefill", "create"): [("cluster", "create")],
+    ("prefill", "converge"): [("cluster", "converge")],
     ("tls", "converge"): [("cluster", "converge")],
     ("upgrade", "converge"): [("cluster", "converge")],
     ("vulkan", "converge"): [("cluster", "converge"), ("upgrade", "converge")],

@@ -1,9 +1,20 @@
 """Inventory mistakes stop site.yml in its first play, before any host is contacted or changed."""
 
+import importlib.util
+import json
 import os
+import re
 import subprocess
 
+from pathlib import Path
+
 import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+_SPEC = importlib.util.spec_from_file_location("llama_validate_vars", PROJECT / "plugins" / "action" /
+                                               "llama_validate_vars.py")
+validate_vars = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(validate_vars)
 
 HOSTS = "ansible_connection: community.docker.docker\n"
 
@@ -66,24 +77,44 @@ def test_a_renamed_variable_still_works_with_a_warning_naming_the_new_one(tmp_pa
     assert "m1: both llama_rollback_dir and llama_upgrade_rollback_dir are set" in output, output[-3000:]
 
 
-@pytest.mark.parametrize("old, new, value", [("llama_models_keep", "llama_storage_keep", "0"),
-                                             ("llama_models_stage_dir", "llama_storage_stage_dir", "models")])
-def test_a_role_s_old_name_and_its_variables_old_names_still_work_with_warnings(tmp_path, project, old, new, value):
-    """Role llama_models (llama_storage since 1.1.0) still runs, with a warning naming the new role, and the role
-    reads its settings' old names: a bad value given under the old name fails llama_storage's own check."""
-    playbook = tmp_path / "old-names.yml"
-    playbook.write_text("- name: A playbook written for 1.0.0\n  hosts: localhost\n  gather_facts: false\n"
-                        "  tasks:\n    - name: Preflight of the model settings\n"
-                        "      ansible.builtin.include_role:\n        name: llama_models\n"
-                        "        tasks_from: preflight\n")
+def bad_value(name):
+    """A value out of the range llama_validate_vars gives the number option `name`."""
+    low, high, open_low = validate_vars.bounds(name)
+    if high is not None:
+        return 70000 if high == 65535 else high + 0.5 if high == 1 else high + 1
+    return low if open_low else low - 1
+
+
+# Every number option of every role, with a value out of its range: one run of the variable checks reports them all.
+RANGED = sorted(name for names in validate_vars.number_options(validate_vars.find_roles([PROJECT / "roles"])).values()
+                for name in names)
+
+
+@pytest.fixture(scope="module")
+def out_of_range(tmp_path_factory, project):
+    """The variable checks' output for an inventory (a master, a worker, a monitor host of its own) given every number
+    out of its range: no host is contacted (they do not exist)."""
+    path = tmp_path_factory.mktemp("ranges") / "hosts.yml"
+    path.write_text("all:\n  children:\n    llama_master: {hosts: {m1: {}}}\n    llama_workers: {hosts: {w1: {}}}\n"
+                    "    llama_monitor: {hosts: {mon1: {ansible_host: 10.0.0.9}}}\n  vars:\n"
+                    "    ansible_connection: community.docker.docker\n"
+                    "    ansible_host: does-not-exist-{{ inventory_hostname }}\n")
+    extra = {name: bad_value(name) for name in RANGED}
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    result = subprocess.run(["ansible-playbook", str(playbook), "-i", "localhost,", "-c", "local",
-                             "-e", "llama_model_sha256= llama_model_mode=stage llama_model_path=/m.gguf",
-                             "-e", f"{old}={value}"],
+    result = subprocess.run(["ansible-playbook", "playbooks/facts.yml", "-i", str(path), "-e",
+                             json.dumps(dict(extra, llamacpp_commit="0" * 40))],
                             cwd=project, env=env, capture_output=True, text=True, timeout=300)
-    output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode != 0
-    assert ("[WARNING]: role llama_models is deprecated and works until 2.0.0; it is role llama_storage now. "
-            "Use that name instead.") in output, output[-3000:]
-    shown = {"llama_models_keep": "llama_storage_keep (0) and", "llama_models_stage_dir": "(got 'models')"}[old]
-    assert new in output and shown in output, output[-3000:]
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "PLAY [Model share]" not in output  # stopped in the variable checks
+    return output
+
+
+@pytest.mark.parametrize("name", RANGED)
+def test_a_number_out_of_its_range_is_named_before_any_host_is_contacted(name, out_of_range):
+    """llama_metrics_port 70000 once passed preflight and failed in the firewall's template, naming neither the
+    variable nor the fix; llama_upgrade_switch_delay -5 passed without a word."""
+    value = bad_value(name)
+    assert re.search(rf"(m1|w1|mon1): {name} must be .+?, got {re.escape(repr(value))}(\.0)?\. {name}: .* Fix it in the "
+                     rf"inventory \(roles/\w+/README\.md\)", out_of_range), out_of_range[-3000:]
+    assert "does-not-exist" not in out_of_range

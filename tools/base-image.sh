@@ -38,12 +38,7 @@ if docker image inspect "$image" >/dev/null 2>&1; then
   exit 0
 fi
 
-if ! command -v debootstrap >/dev/null 2>&1; then
-  echo "base-image: installing debootstrap" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq debootstrap >/dev/null
-fi
+"$here/host-packages.sh" image
 
 mkdir -p "$cache_dir"
 tarball="$cache_dir/base-$key.tar"

@@ -15,12 +15,17 @@ With --fresh (the demo only: tools/demo-containers.yml makes its containers agai
       of converge seconds against workers; no compilation.
   P3  a no-op site.yml ÷ a fresh site.yml on fresh hosts (the build from the artifact cache); the no-op run must
       report changed=0. This leaves the demo as make demo makes it, so it runs after the others above.
+On a cluster of its own (tools/bench_large.py, made and removed for them; see there):
+  L1-L5, M1  a 4.3 GiB model over links shaped to 200 Mbit/s: cold ÷ warm load, a pre-filled switch's outage ÷ a
+      warm load and the bytes crossing inside it, upgrade.yml's outage, the clients' failures, the master's memory.
 On the running cluster (any inventory):
   P5  decode tok/s through the cluster's API ÷ the same llama-server binary, arguments and workers started by hand
       (a transient unit, without the project's unit, front or watch), on the master, requests from the master.
   P6  tok/s with llama_split_strategy speed ÷ memory, the first two workers' RPC servers given CPU quotas 2:1
       (60 % and 30 % per few ms: systemctl set-property --runtime CPUQuota=, removed after), speeds calibrated by
-      playbooks/bench.yml.
+      playbooks/calibrate.yml.
+  C1  32 concurrent clients through the API for 60 s, more than llama-server's slots (each sends a 4-token completion
+      as soon as its last one is answered): failed requests ÷ requests sent, with the latencies beside.
 
 The cluster is exclusive while it runs: it is stopped, re-planned and restarted; P5 and P6 leave it as they found it.
 Usage: tools/bench.py [-i inventory/demo] [--figures P1,P2b,...] [--repeat 3] [--fresh] [--out bench]
@@ -51,7 +56,10 @@ import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
 from cluster_helpers import (  # noqa: E402  # pylint: disable=wrong-import-position
     ApiClients, cmdline, main_pid, option, recap, run_playbook, wait_health)
 
-MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6")
+MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6", "C1", "L1", "L2", "L3", "L4", "L5", "M1")
+C1_CLIENTS, C1_SECONDS = 32, 60
+# Large models over a shaped link: a cluster of their own (tools/bench_large.py), made and removed for them.
+LARGE = ("L1", "L2", "L3", "L4", "L5", "M1")
 FRESH = ("P1", "P2b", "UP", "P9", "P3")
 DEMO = ROOT / "inventory" / "demo"
 P9_WORKERS = (3, 6, 12)
@@ -85,8 +93,8 @@ with urllib.request.urlopen(urllib.request.Request(url + "/completion", body, he
 print(json.dumps([answer["tokens_predicted"], time.monotonic() - start, answer["timings"]["predicted_per_second"]]))
 """
 def host(inventory, name):
-    """A testinfra host for an inventory host. The demo's are containers whose names the inventory templates
-    (ansible_host: llama-demo-{{ inventory_hostname }}), which testinfra's ansible backend does not: Ansible says."""
+    """A testinfra host for an inventory host. The demo's are containers reached through Docker, which testinfra's
+    ansible backend does not do: Ansible says which container."""
     message = "{{ ansible_connection | default('ssh') }} {{ ansible_host | default(inventory_hostname) }}"
     shown = subprocess.run(["ansible", name, "-i", inventory, "-o", "-m", "ansible.builtin.debug", "-a",
                             json.dumps({"msg": message})], cwd=ROOT, check=True, capture_output=True, text=True).stdout
@@ -146,10 +154,11 @@ def scaled_inventory(directory, workers):
     """The demo's inventory with `workers` workers (llama-demo-worker1..N), its group_vars shared."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = ["all:", "  children:", "    llama_master:", "      hosts:", "        master:", "    llama_workers:",
-             "      hosts:"] + [f"        worker{index}:" for index in range(1, workers + 1)] + [
-             "  vars:", "    ansible_connection: community.docker.docker",
-             '    ansible_host: "llama-demo-{{ inventory_hostname }}"']
+    lines = ["all:", "  children:", "    llama_master:", "      hosts:", "        master:",
+             "          ansible_host: llama-demo-master", "    llama_workers:", "      hosts:"] + [
+             line for index in range(1, workers + 1)
+             for line in (f"        worker{index}:", f"          ansible_host: llama-demo-worker{index}")] + [
+             "  vars:", "    ansible_connection: community.docker.docker"]
     (directory / "hosts.yml").write_text("\n".join(lines) + "\n")
     if not (directory / "group_vars").exists():
         (directory / "group_vars").symlink_to(DEMO / "group_vars")
@@ -347,7 +356,7 @@ def split_line(output):
 
 def measure_p6(inventory, facts, repeat):
     """Two workers' RPC servers held to CPU quotas 2:1; tok/s with the memory split (the cluster as it is planned
-    by default) and with the speed split from playbooks/bench.yml's calibration under the same quotas."""
+    by default) and with the speed split from playbooks/calibrate.yml's calibration under the same quotas."""
     master = host(inventory, facts["master"])
     key_path = key_file(master, facts)
     quotas = dict(zip(list(facts["rpc_units"])[:2], P6_QUOTAS))
@@ -363,9 +372,9 @@ def measure_p6(inventory, facts, repeat):
         samples = {}
         for strategy in ("memory", "speed"):
             if strategy == "speed":
-                seconds, _, profile = timed_playbook(inventory, "playbooks/bench.yml", "-e",
+                seconds, _, profile = timed_playbook(inventory, "playbooks/calibrate.yml", "-e",
                                                      f"llama_speeds_file={speeds}")
-                profiles.append(profiled("playbooks/bench.yml", seconds, profile))
+                profiles.append(profiled("playbooks/calibrate.yml", seconds, profile))
             seconds, output, profile = timed_playbook(inventory, "site.yml", "-e", f"llama_speeds_file={speeds}",
                                                       "-e", f"llama_split_strategy={strategy}")
             profiles.append(profiled(f"site.yml, strategy {strategy}", seconds, profile))
@@ -381,6 +390,21 @@ def measure_p6(inventory, facts, repeat):
     return bench_report.figure("P6", samples["speed"], samples["memory"], profile=profiles, plans=plans,
                                notes=[f"CPU quotas {', '.join(f'{name} {quota}' for name, quota in quotas.items())}; "
                                       f"calibrated speeds {json.dumps(measured)}; plans: {json.dumps(plans)}"])
+
+
+def measure_c1(inventory, facts):
+    """C1: C1_CLIENTS clients asking through the API without a pause, for C1_SECONDS, on the master."""
+    master = host(inventory, facts["master"])
+    slots = option(server_argv(master, facts["units"]["server"])[0], "--parallel", "1")
+    with ApiClients(master, groups=((f"{C1_CLIENTS} clients", C1_CLIENTS, 0.0),), port=api_port(facts),
+                    key=api_key(master, facts)) as clients:
+        time.sleep(C1_SECONDS)
+    group = f"{C1_CLIENTS} clients"
+    row = clients.figures(float("-inf"), float("inf"))[group]
+    return bench_report.figure(
+        "C1", [row["failed"]], [row["requests"]], failures=clients.failed()[group][:10],
+        notes=[f"{C1_CLIENTS} clients for {C1_SECONDS} s against {slots} slot(s) (--parallel): {row['requests']} "
+               f"requests, latency p50 {row['p50']:.2f} s, p99 {row['p99']:.2f} s, max {row['max']:.2f} s"])
 
 
 def read_facts(inventory):
@@ -434,8 +458,14 @@ def main(argv=None):
         measured({"P9": measure_p9()})
     if args.fresh and set(wanted) & set(FRESH):
         measured({"P3": measure_p3(inventory)})  # the demo as make demo leaves it, whatever ran before
-    if set(wanted) & {"P5", "P6"}:
+    if set(wanted) & set(LARGE):
+        import bench_large  # noqa: E402  # pylint: disable=import-outside-toplevel
+
+        measured(bench_large.measure(args.repeat, switch_report, [name for name in wanted if name in LARGE]))
+    if set(wanted) & {"P5", "P6", "C1"}:
         facts = read_facts(inventory)
+        if "C1" in wanted:
+            measured({"C1": measure_c1(inventory, facts)})
         if "P5" in wanted:
             measured({"P5": measure_p5(inventory, facts, args.repeat)})
         if "P6" in wanted:

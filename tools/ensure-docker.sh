@@ -10,12 +10,7 @@ if docker info >/dev/null 2>&1; then
   exit 0
 fi
 
-if ! command -v dockerd >/dev/null 2>&1; then
-  echo "ensure-docker: installing docker.io from the distribution's packages" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq docker.io >/dev/null
-fi
+"$(dirname "$0")/host-packages.sh" docker
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
   echo "ensure-docker: starting dockerd (log: $log)" >&2

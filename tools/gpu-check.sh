@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check for a machine with an NVIDIA GPU (README "Backends and how they are tested"):
+# One prepared check for a machine with an NVIDIA GPU (docs/backends.md):
 #   1. builds llama.cpp's CUDA backend (+ RPC) for this GPU's own architecture (nvidia-smi compute_cap);
 #   2. serves the model from one llama-server process on the GPU, and measures model load (start -> /health
 #      200) and decode speed (greedy, tokens/s);

@@ -69,13 +69,12 @@ def load_yaml(path: Path) -> Any:
 
 
 def find_roles(root: Path) -> list[Path]:
-    """Every role directory under root/roles, sorted by name, but the old names of moved roles (meta/moved.yml:
-    a deprecated name that runs the new role, with no variables of its own)."""
+    """Every role directory under root/roles, sorted by name."""
     roles = root / "roles"
     if not roles.is_dir():
         return []
     return sorted(p for p in roles.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and not (p / "meta" / "moved.yml").exists())
+                  if p.is_dir() and not p.name.startswith("."))
 
 
 def role_defaults(role_dir: Path) -> dict[str, Any]:

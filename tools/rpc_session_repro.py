@@ -17,8 +17,8 @@ the suspects off one at a time: `--no-cache` (the RPC server's -c), `--same-plan
 CPU-bound processes beside it, as in the test suite), `--wrap` (a command prefix for worker2's server: gdb, a
 chroot with another Mesa). `--fresh-workers` restarts both servers before every session; `--supervise` runs them
 under the product's protection instead (roles/llama_rpc/files/llama-rpc-session, a fresh process per session),
-and every master start waits as the master's unit does (roles/llama_server/files/llama-wait-workers). The
-README's "Vulkan" section has the figures.
+and every master start waits as the master's unit does (roles/llama_server/files/llama-wait-workers). What it
+found: docs/backends.md.
 """
 
 import argparse

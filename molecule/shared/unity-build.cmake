@@ -3,7 +3,7 @@
 # container by molecule/shared/create.yml): each target's sources are compiled a few at a time as one translation
 # unit, so that the headers that dominate this tree's compile time (the STL, nlohmann/json, httplib) are parsed
 # once per batch instead of once per file. Measured on 0c1e570 at -O1, the suite's targets: ~28 % less compile
-# CPU, e3a74b2 ~47 % (README, `make test`). The sources are the pinned ones, unchanged; only how they are grouped
+# CPU, e3a74b2 ~47 % (CHANGELOG.md). The sources are the pinned ones, unchanged; only how they are grouped
 # into compiler runs differs. Operators' builds and `make demo` do not use it.
 #
 # Sources that cannot share a translation unit with their neighbours (file-static names defined twice, template

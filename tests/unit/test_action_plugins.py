@@ -1,5 +1,6 @@
 """The controller-side actions: variable validation against the roles' specs, and the planner's messages."""
 
+import importlib
 import os
 import re
 
@@ -12,9 +13,9 @@ from ansible.plugins.loader import filter_loader, init_plugin_loader
 from conftest import ROOT, load
 
 init_plugin_loader()
-filter_loader.add_directory(str(ROOT / "filter_plugins"))
-validate_vars = load("llama_validate_vars", ROOT / "action_plugins" / "llama_validate_vars.py")
-plan_action = load("llama_plan", ROOT / "action_plugins" / "llama_plan.py")
+filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
+validate_vars = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.action.llama_validate_vars")
+plan_action = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.action.llama_plan")
 ROLES = validate_vars.find_roles([ROOT / "roles"])
 
 
@@ -103,7 +104,9 @@ def test_the_renamed_variable_s_value_is_the_one_the_role_uses(role):
         assert template.render({old: "old", new["name"]: "new"}) == "old"
         assert template.render({new["name"]: "new"}) == "new"
         assert any(f"__{new['name']}" in text for text in used), f"{role.name} never reads __{new['name']}"
-        offenders = [text for text in used if re.search(rf"(?<!_){new['name']}\b|\b{old}\b", text)]
+        # A message may name the setting (in a string literal); an expression may not read it.
+        offenders = [text for text in used
+                     if re.search(rf"(?<!_){new['name']}\b|\b{old}\b", re.sub(r"'[^']*'", "''", text))]
         assert offenders == [], f"{role.name} reads {new['name']} or {old} directly: {offenders}"
 
 
@@ -150,5 +153,41 @@ def test_workers_sharing_an_endpoint_are_named():
 
 def test_the_documentation_stubs_describe_the_actions():
     for name in ("llama_plan", "llama_validate_vars"):
-        text = (ROOT / "library" / f"{name}.py").read_text()
-        assert f"module: {name}" in text and os.path.exists(ROOT / "action_plugins" / f"{name}.py")
+        text = (ROOT / "plugins" / "modules" / f"{name}.py").read_text()
+        assert f"module: {name}" in text and os.path.exists(ROOT / "plugins" / "action" / f"{name}.py")
+
+
+def test_every_number_option_has_a_range():
+    """argument_specs types a number; llama_validate_vars.RANGES bounds it (ports by their name). A new number option
+    without a range fails here, and so does a range for an option no role has."""
+    numbers = {name for names in validate_vars.number_options(ROLES).values() for name in names}
+    assert {name for name in numbers if validate_vars.bounds(name) is None} == set()
+    assert set(validate_vars.RANGES) <= numbers
+
+
+@pytest.mark.parametrize("name, value, problem", [
+    ("llama_metrics_port", 70000, "llama_metrics_port must be a port number 1-65535, got 70000"),
+    ("llama_rpc_port", 0, "llama_rpc_port must be a port number 1-65535, got 0"),
+    ("llama_upgrade_switch_delay", -5, "llama_upgrade_switch_delay must be 0 or more, got -5"),
+    ("llama_front_hold_seconds", 0, "llama_front_hold_seconds must be at least 1, got 0"),
+    ("llama_prefill_rate_mbit", 0, "llama_prefill_rate_mbit must be more than 0, got 0"),
+    ("llama_prefill_rate_mbit", "fast", "llama_prefill_rate_mbit must be a number or ~, got 'fast'"),
+    ("llama_monitor_cache_warn_fraction", 0, "llama_monitor_cache_warn_fraction must be in (0, 1], got 0"),
+    ("llama_split_reserve_fraction", 1.5, "llama_split_reserve_fraction must be in [0, 1], got 1.5"),
+    ("chrony_local_stratum", 16, "chrony_local_stratum must be in [1, 15], got 16"),
+])
+def test_a_number_out_of_range_is_named(name, value, problem):
+    assert validate_vars.out_of_range(name, value) == problem
+
+
+@pytest.mark.parametrize("name, value", [("llama_metrics_port", 65535), ("llama_upgrade_switch_delay", 0),
+                                         ("llama_prefill_rate_mbit", None), ("llama_prefill_rate_mbit", 0.5),
+                                         ("llama_monitor_cache_warn_fraction", 1), ("llama_server_threads", 0)])
+def test_a_number_in_range_passes(name, value):
+    assert validate_vars.out_of_range(name, value) is None
+
+
+def test_a_port_out_of_range_fails_the_variable_checks_with_the_fix():
+    [message] = check({"llama_rpc_port": "70000"})  # a string from the command line: converted, then bounded
+    assert message.startswith("worker1: llama_rpc_port must be a port number 1-65535, got 70000. llama_rpc_port: ")
+    assert message.endswith("Fix it in the inventory (roles/llama_rpc/README.md).")

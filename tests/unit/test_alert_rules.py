@@ -13,11 +13,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "llama_monitor"
-PROMTOOL = os.environ.get("LLAMA_PROMTOOL")
-pytestmark = pytest.mark.skipif(not PROMTOOL, reason="LLAMA_PROMTOOL is not set: run through make checks")
-ALERTS = ["LlamaWorkerDown", "LlamaWorkerNotConnected", "LlamaFewerDevicesThanPlanned", "LlamaMasterDown",
-          "LlamaBuildDrift", "LlamaClockOffset", "LlamaRpcCacheNearCap", "LlamaFrontHolding", "LlamaExporterStale"]
+ALERTS = ["LlamaTargetDown", "LlamaMetricsMissing", "LlamaWorkerDown", "LlamaWorkerNotConnected",
+          "LlamaFewerDevicesThanPlanned", "LlamaMasterDown", "LlamaApiUnhealthy", "LlamaFrontDown",
+          "LlamaBuildDrift", "LlamaClockOffset", "LlamaRpcCacheNearCap", "LlamaFrontHolding",
+          "LlamaExporterStale"]
 HEALTHY = {  # series: values (one every 15 s, 45 of them: 11 minutes)
+    'up{job="llama-node",instance="master"}': "1x45",
+    'up{job="llama-node",instance="worker1"}': "1x45",
+    'up{job="llama-node",instance="worker2"}': "1x45",
+    'up{job="llama-front",instance="master"}': "1x45",
+    'llama_cluster_api_healthy{instance="master",path="server"}': "1x45",
+    'llama_cluster_api_healthy{instance="master",path="front"}': "1x45",
+    'llama_cluster_unit_active{instance="master",unit="llama-front.service"}': "1x45",
+    'llama_cluster_unit_restarts_total{instance="master",unit="llama-server.service"}': "2x45",
+    'llama_cluster_build_info{instance="worker2",commit="c1"}': "1x45",
+    'llama_cluster_exporter_timestamp_seconds{instance="master"}': "0+15x45",
+    'llama_cluster_exporter_timestamp_seconds{instance="worker2"}': "0+15x45",
     'llama_cluster_worker_up{instance="worker1"}': "1x45",
     'llama_cluster_worker_up{instance="worker2"}': "1x45",
     'llama_cluster_worker_connected{instance="worker1"}': "1x45",
@@ -35,6 +46,16 @@ HEALTHY = {  # series: values (one every 15 s, 45 of them: 11 minutes)
 }
 # alert: (series that change, when it is checked not to fire yet, when it fires, its labels, {$labels...} and $value)
 CASES = {
+    "LlamaTargetDown": ({'up{job="llama-node",instance="worker2"}': "1 1 0x43"}, "1m", "2m",
+                        {"instance": "worker2", "job": "llama-node", "severity": "critical"}, 0),
+    # The exporter stopped writing a worker's series (node-exporter still answers): the rule that reads it is blind.
+    "LlamaMetricsMissing": ({'llama_cluster_worker_up{instance="worker1"}': "1 1 stale"}, "1m", "2m",
+                            {"instance": "worker1", "job": "llama-node", "series": "llama_cluster_worker_up",
+                             "severity": "critical"}, 1),
+    "LlamaApiUnhealthy": ({'llama_cluster_api_healthy{instance="master",path="server"}': "1 1 0x43"}, "1m", "2m",
+                          {"instance": "master", "path": "server", "severity": "critical"}, 0),
+    "LlamaFrontDown": ({'llama_cluster_unit_active{instance="master",unit="llama-front.service"}': "1 1 0x43"},
+                       "1m", "2m", {"instance": "master", "unit": "llama-front.service", "severity": "critical"}, 0),
     "LlamaWorkerDown": ({'llama_cluster_worker_up{instance="worker1"}': "1 1 0x43"}, "1m", "2m",
                         {"instance": "worker1", "severity": "critical"}, 0),
     "LlamaWorkerNotConnected": ({'llama_cluster_worker_connected{instance="worker2"}': "1 1 0x43"}, "1m", "2m",
@@ -59,11 +80,13 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory):
-    """The rules file as the role installs it (Ansible's template module, the role's defaults,
-    exporters every 15 s)."""
-    out = tmp_path_factory.mktemp("rules") / "llama-cluster.rules.yml"
+    """The rules file as the role installs it (Ansible's template module, the role's defaults, exporters every 15 s)
+    for a master and two workers."""
+    work = tmp_path_factory.mktemp("rules")
+    out = work / "llama-cluster.rules.yml"
+    (work / "hosts.ini").write_text("[llama_master]\nmaster\n[llama_workers]\nworker1\nworker2\n")
     done = subprocess.run(
-        ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-m", "ansible.builtin.template",
+        ["ansible", "master", "-i", str(work / "hosts.ini"), "-c", "local", "-m", "ansible.builtin.template",
          "-a", f"src={ROLE / 'templates' / 'llama-cluster.rules.yml.j2'} dest={out}",
          "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", "__llama_monitor_exporter_interval=15",
          "-e", f"ansible_python_interpreter={sys.executable}"],
@@ -72,8 +95,8 @@ def rules(tmp_path_factory):
     return out
 
 
-def test_promtool_accepts_the_rules(rules):
-    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
+def test_promtool_accepts_the_rules(rules, promtool):
+    checked = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     names = [rule["alert"] for group in yaml.safe_load(rules.read_text())["groups"] for rule in group["rules"]]
     assert names == ALERTS
@@ -90,10 +113,10 @@ def annotations(rules, alert, labels, value):
     return rendered
 
 
-def run_tests(rules, tmp_path, tests):
+def run_tests(promtool, rules, tmp_path, tests):
     spec = tmp_path / "rules.test.yml"
     spec.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "15s", "tests": tests}))
-    done = subprocess.run([PROMTOOL, "test", "rules", str(spec)], capture_output=True, text=True)
+    done = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -101,18 +124,18 @@ def series(changes):
     return [{"series": name, "values": values} for name, values in dict(HEALTHY, **changes).items()]
 
 
-def test_a_healthy_cluster_raises_no_alert(rules, tmp_path):
-    run_tests(rules, tmp_path, [{"interval": "15s", "input_series": series({}),
+def test_a_healthy_cluster_raises_no_alert(rules, tmp_path, promtool):
+    run_tests(promtool, rules, tmp_path, [{"interval": "15s", "input_series": series({}),
                                  "alert_rule_test": [{"eval_time": "11m", "alertname": name, "exp_alerts": []}
                                                      for name in ALERTS]}])
 
 
 @pytest.mark.parametrize("alert", CASES)
-def test_each_alert_fires_after_its_for(alert, rules, tmp_path):
+def test_each_alert_fires_after_its_for(alert, rules, tmp_path, promtool):
     changes, before, after, labels, value = CASES[alert]
     if value is None:  # LlamaExporterStale: no $value in its text
         value = 0
     expected = {"exp_labels": labels, "exp_annotations": annotations(rules, alert, labels, value)}
-    run_tests(rules, tmp_path, [{"interval": "15s", "input_series": series(changes), "alert_rule_test": [
+    run_tests(promtool, rules, tmp_path, [{"interval": "15s", "input_series": series(changes), "alert_rule_test": [
         {"eval_time": before, "alertname": alert, "exp_alerts": []},
         {"eval_time": after, "alertname": alert, "exp_alerts": [expected]}]}])

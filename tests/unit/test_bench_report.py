@@ -98,3 +98,11 @@ def test_goal_share_is_below_one_exactly_when_the_goal_is_met():
     for fig in run()["figures"].values():
         if fig["value"] is not None:
             assert (bench_report.goal_share(fig) <= 1) == fig["met"], fig["id"]
+
+
+def test_a_goal_of_zero_is_met_by_zero_only():
+    """L5 (failed requests ÷ requests, goal <= 0): its distance to the goal is 0 when met, infinite when not."""
+    met = bench_report.figure("L5", [0], [120])
+    missed = bench_report.figure("L5", [2], [120])
+    assert met["met"] and not missed["met"]
+    assert bench_report.goal_share(met) == 0.0 and bench_report.goal_share(missed) == float("inf")

@@ -6,12 +6,12 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
-import llama_bench
-import llama_devices
-import llama_host
-from llama_bench import llama_bench_speeds, llama_bench_table
-from llama_devices import llama_device_order, llama_devices_with_speeds, llama_rpc_endpoints, llama_select_devices
-from llama_host import llama_host_networks
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_calibrate
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_devices
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_host
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_calibrate import llama_calibrate_speeds, llama_calibrate_table
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_devices import llama_device_order, llama_devices_with_speeds, llama_rpc_endpoints, llama_select_devices
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_host import llama_host_networks
 
 
 def worker(host, endpoint, *devices):
@@ -184,7 +184,7 @@ def bench_output(tps, stddev=1.0, as_text=True):
 def test_bench_speeds_relate_each_device_to_the_fastest():
     outputs = [bench_output(100.0, 2.345), bench_output(40.004, as_text=False), bench_output(0.001),
                bench_output(66.666666, 0.5)]
-    assert llama_bench_speeds(outputs, BENCH_DEVICES) == {
+    assert llama_calibrate_speeds(outputs, BENCH_DEVICES) == {
         "a": {"CUDA0": {"speed": 1.0, "tg_tps": 100.0, "tg_tps_stddev": 2.35, "device": "RPC0"},
               "CUDA1": {"speed": 0.4, "tg_tps": 40.0, "tg_tps_stddev": 1.0, "device": "RPC1"}},
         "b": {"CPU": {"speed": 0.0001, "tg_tps": 0.0, "tg_tps_stddev": 1.0, "device": "RPC2"}},
@@ -203,7 +203,7 @@ def test_bench_speeds_relate_each_device_to_the_fastest():
 def test_bench_output_without_generation_names_the_device(output, message):
     outputs = [bench_output(10.0), output, bench_output(10.0), bench_output(10.0)]
     with pytest.raises(AnsibleFilterError, match=rf"^RPC1 \(a CUDA1\): llama-bench {message}"):
-        llama_bench_speeds(outputs, BENCH_DEVICES)
+        llama_calibrate_speeds(outputs, BENCH_DEVICES)
 
 
 @pytest.mark.parametrize("outputs, devices, message", [
@@ -212,15 +212,15 @@ def test_bench_output_without_generation_names_the_device(output, message):
     ("[]", BENCH_DEVICES, "a list of llama-bench outputs and a list of devices, got str and list"),
 ])
 def test_bench_speeds_need_one_output_per_device(outputs, devices, message):
-    with pytest.raises(AnsibleFilterError, match=f"^llama_bench_speeds needs .*{message}"):
-        llama_bench_speeds(outputs, devices)
+    with pytest.raises(AnsibleFilterError, match=f"^llama_calibrate_speeds needs .*{message}"):
+        llama_calibrate_speeds(outputs, devices)
 
 
 def test_bench_table_lines():
-    speeds = llama_bench_speeds([bench_output(100.0, 2.345), bench_output(40.0), bench_output(8.0, 0.25),
+    speeds = llama_calibrate_speeds([bench_output(100.0, 2.345), bench_output(40.0), bench_output(8.0, 0.25),
                                  bench_output(66.666666, 0.5)], BENCH_DEVICES)
     cluster = {"devices": ["RPC0", "RPC1"], "tensor_split": [6, 2], "strategy": "memory", "tg_tps": 150.254}
-    assert llama_bench_table(speeds, BENCH_DEVICES, cluster) == [
+    assert llama_calibrate_table(speeds, BENCH_DEVICES, cluster) == [
         "device  host (device)                tg t/s      +/-   speed",
         "RPC0    a (CUDA0)                    100.00     2.35   1.000",
         "RPC1    a (CUDA1)                     40.00     1.00   0.400",
@@ -228,14 +228,14 @@ def test_bench_table_lines():
         "CUDA0   m (CUDA0)                     66.67     0.50   0.667",
         "cluster RPC0,RPC1 --tensor-split 6,2 (memory): 150.25 t/s",
     ]
-    assert llama_bench_table(speeds, BENCH_DEVICES) == llama_bench_table(speeds, BENCH_DEVICES, cluster)[:-1]
-    assert llama_bench_table(speeds, BENCH_DEVICES, dict(cluster, tg_tps=None))[-1].startswith("CUDA0")
+    assert llama_calibrate_table(speeds, BENCH_DEVICES) == llama_calibrate_table(speeds, BENCH_DEVICES, cluster)[:-1]
+    assert llama_calibrate_table(speeds, BENCH_DEVICES, dict(cluster, tg_tps=None))[-1].startswith("CUDA0")
 
 
 def test_bench_table_names_an_unmeasured_device():
     speeds = {"a": {"CUDA0": {"speed": 1.0, "tg_tps": 1.0, "tg_tps_stddev": 0.0, "device": "RPC0"}}}
     with pytest.raises(AnsibleFilterError) as err:
-        llama_bench_table(speeds, BENCH_DEVICES[:2])
+        llama_calibrate_table(speeds, BENCH_DEVICES[:2])
     assert str(err.value) == "RPC1 (a CUDA1) has no measured speed (the speeds have hosts a)"
 
 
@@ -259,7 +259,7 @@ def test_host_networks_name_the_bad_value(addresses, message):
 
 @pytest.mark.parametrize("module, names", [
     (llama_devices, ("llama_device_order", "llama_rpc_endpoints", "llama_devices_with_speeds", "llama_select_devices")),
-    (llama_bench, ("llama_bench_speeds", "llama_bench_table")),
+    (llama_calibrate, ("llama_calibrate_speeds", "llama_calibrate_table")),
     (llama_host, ("llama_port_conflicts", "llama_cluster_address", "llama_host_networks")),
 ])
 def test_each_file_registers_its_owner_s_filters(module, names):

@@ -13,7 +13,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "roles" / "llama_monitor" / "files" / "llama-cluster-dashboard.json"
-PROMTOOL = os.environ.get("LLAMA_PROMTOOL")
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +41,15 @@ def test_the_structure_grafana_imports(dashboard):
 
 
 def test_every_metric_of_the_exporter_is_shown(dashboard):
-    from ansible.module_utils.llama_node import METRICS
+    from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils.llama_node import METRICS
     shown = {name for expr in queries(dashboard) for name in re.findall(r"llama_cluster_\w+", expr)}
     assert shown <= set(METRICS), f"unknown metrics: {shown - set(METRICS)}"
     assert set(METRICS) == shown, f"not shown: {set(METRICS) - shown}"
 
 
-@pytest.mark.skipif(not PROMTOOL, reason="LLAMA_PROMTOOL is not set: run through make checks")
-def test_promtool_parses_every_query(dashboard, tmp_path):
+def test_promtool_parses_every_query(dashboard, tmp_path, promtool):
     rules = tmp_path / "dashboard.rules.yml"
     rules.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
         {"record": f"dashboard:query{index}", "expr": expr} for index, expr in enumerate(queries(dashboard))]}]}))
-    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
+    checked = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,8 +1,8 @@
-"""Device discovery parsing (library/llama_device_info.py)."""
+"""Device discovery parsing (plugins/modules/llama_device_info.py)."""
 
 import pytest
 
-import llama_device_info
+from ansible_collections.llamacpp.rpc_cluster.plugins.modules import llama_device_info
 
 
 def test_nvidia_smi_rows_in_index_order():

@@ -1,8 +1,8 @@
-"""filter_plugins/llama_verify.py: llama_drift, the per-node verdict of playbooks/verify.yml."""
+"""plugins/filter/llama_verify.py: llama_drift, the per-node verdict of playbooks/verify.yml."""
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from llama_verify import llama_drift
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_verify import llama_drift
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 BUILD = {"build_id": "llama.cpp-0c1e57098bba-cpu-debian12-x86_64-abc", "commit": COMMIT, "rpc_proto": "7.0.0"}

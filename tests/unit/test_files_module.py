@@ -1,5 +1,6 @@
-"""Unit tests of library/llama_files.py, run through its main() on real files (owner: the user running them)."""
+"""Unit tests of plugins/modules/llama_files.py, run through its main() on real files (owner: the user running them)."""
 
+import importlib
 import grp
 import json
 import os
@@ -11,11 +12,11 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from conftest import load
 
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
+LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"
 OWNER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
 
-llama_files = load("llama_files", LIBRARY / "llama_files.py")
+llama_files = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.modules.llama_files")
 
 
 def run(capsys, files, check=False, diff=False):

@@ -1,4 +1,4 @@
-"""Every filter of filter_plugins/ has its documentation sidecar (<filter>.yml, what ansible-doc -t filter reads
+"""Every filter of plugins/filter/ has its documentation sidecar (<filter>.yml, what ansible-doc -t filter reads
 when a file holds several filters), and it matches the filter: its name, its arguments in order, an example that
 uses it and what it returns. No sidecar documents a filter that does not exist."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-PLUGINS = Path(__file__).resolve().parents[2] / "filter_plugins"
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins" / "filter"
 FILTERS = {name: function for path in sorted(PLUGINS.glob("*.py"))
-           for name, function in importlib.import_module(path.stem).FilterModule().filters().items()}
+           for name, function in importlib.import_module(f"ansible_collections.llamacpp.rpc_cluster.plugins.filter.{path.stem}")
+           .FilterModule().filters().items()}
 
 
 def test_filters_are_found():
@@ -21,7 +22,7 @@ def test_filters_are_found():
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_filter_has_its_sidecar(name):
     sidecar = PLUGINS / f"{name}.yml"
-    assert sidecar.is_file(), f"filter {name} has no documentation: write filter_plugins/{name}.yml"
+    assert sidecar.is_file(), f"filter {name} has no documentation: write plugins/filter/{name}.yml"
     doc = yaml.safe_load(sidecar.read_text())
     assert doc["DOCUMENTATION"]["name"] == name
     parameters = list(inspect.signature(FILTERS[name]).parameters)

@@ -1,10 +1,10 @@
-"""The cluster's firewall rules in each backend's terms (filter_plugins/llama_firewall.py)."""
+"""The cluster's firewall rules in each backend's terms (plugins/filter/llama_firewall.py)."""
 
 
-import llama_firewall
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_firewall
 import pytest
 from ansible.errors import AnsibleFilterError
-from llama_firewall import (
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_firewall import (
     llama_firewall_invalid_sources,
     llama_firewall_nft,
     llama_firewall_rich_rules,

@@ -2,7 +2,7 @@
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from llama_host import llama_cluster_address, llama_port_conflicts
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_host import llama_cluster_address, llama_port_conflicts
 
 DOCKER = "/docker/3fb389a19fe7/system.slice"
 SS = f"""\

@@ -1,12 +1,13 @@
 """The inventories the project ships validate against the roles' argument_specs, as preflight would check them."""
 
+import importlib
 import pytest
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 from conftest import ROOT, load
 
-validate_vars = load("llama_validate_vars", ROOT / "action_plugins" / "llama_validate_vars.py")
+validate_vars = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.action.llama_validate_vars")
 ROLES = validate_vars.find_roles([ROOT / "roles"])
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
-import llama_link
-from llama_link import llama_link_rows, llama_link_table
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_link
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_link import llama_link_rows, llama_link_table
 
 # Trimmed from `iperf3 --client … --json -t 2` (iperf 3.12) between two containers.
 IPERF3 = json.dumps({

@@ -12,13 +12,14 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from gguf import GGMLQuantizationType as Q
 
-import llama_gguf
-import llama_split
-from llama_gguf import GGUFError, read_gguf, read_model_info
+from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils import llama_gguf
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_split
+from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils.llama_gguf import GGUFError, read_gguf, read_model_info
 
 N_EMBD, N_HEAD, N_VOCAB, N_FF = 64, 4, 96, 128
 HEAD_DIM = N_EMBD // N_HEAD
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
+PLUGINS = "ansible_collections.llamacpp.rpc_cluster.plugins"
+LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"
 
 
 def _add_tensor(writer, rng, name, shape, qtype):
@@ -280,11 +281,8 @@ def test_per_layer_array_of_the_wrong_length(tmp_path):
 
 
 def _run_module(monkeypatch, capsys, args):
-    """Run library/llama_gguf_info.py's main() with `args`; return its JSON result."""
-    monkeypatch.setitem(sys.modules, "ansible.module_utils.llama_gguf", llama_gguf)
-    spec = importlib.util.spec_from_file_location("llama_gguf_info", LIBRARY / "llama_gguf_info.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """Run plugins/modules/llama_gguf_info.py's main() with `args`; return its JSON result."""
+    module = importlib.import_module(f"{PLUGINS}.modules.llama_gguf_info")
     with patch_module_args(args), pytest.raises(SystemExit):
         module.main()
     return json.loads(capsys.readouterr().out)

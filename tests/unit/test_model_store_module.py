@@ -1,4 +1,4 @@
-"""Unit tests of library/llama_model_store.py (role llama_storage), run through its main() on real files."""
+"""Unit tests of plugins/modules/llama_model_store.py (role llama_storage), run through its main() on real files."""
 
 import hashlib
 import importlib.util
@@ -7,21 +7,17 @@ import os
 import sys
 from pathlib import Path
 
-import llama_gguf
+from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils import llama_gguf
 import pytest
 from ansible.module_utils.testing import patch_module_args
 from test_llama_gguf import write_llama
 
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
+LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"
 
 
 @pytest.fixture()
 def store(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ansible.module_utils.llama_gguf", llama_gguf)
-    spec = importlib.util.spec_from_file_location("llama_model_store", LIBRARY / "llama_model_store.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.modules.llama_model_store")
 
 
 def run(store, capsys, **args):

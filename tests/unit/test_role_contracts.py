@@ -6,6 +6,7 @@ Roles are discovered under roles/*/, never named here: the checks follow renames
 
 from __future__ import annotations
 
+import importlib
 import re
 import copy
 import difflib
@@ -22,8 +23,8 @@ from conftest import ROOT, load
 
 TOOL = ROOT / "tools" / "role_docs.py"
 role_docs = load("role_docs", TOOL)
-# The ownership rule is the one preflight applies (action_plugins/llama_validate_vars.py).
-owner_of = load("llama_validate_vars", ROOT / "action_plugins" / "llama_validate_vars.py").owner
+# The ownership rule is the one preflight applies (plugins/action/llama_validate_vars.py).
+owner_of = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.action.llama_validate_vars").owner
 
 ROLES = [role.name for role in role_docs.find_roles(ROOT)]
 SET_FACT = {"ansible.builtin.set_fact", "ansible.legacy.set_fact", "set_fact"}
@@ -143,24 +144,6 @@ def test_role_has_specs_and_readme(role):
     missing = [f"roles/{role}/{name}" for name in ("meta/argument_specs.yml", "README.md")
                if not (role_dir(role) / name).is_file()]
     expect_none(missing, role, "missing files")
-
-
-MOVED = sorted(path.parents[1].name for path in ROOT.glob("roles/*/meta/moved.yml"))
-
-
-@pytest.mark.parametrize("old", MOVED)
-def test_a_moved_role_runs_each_entry_point_of_the_new_one_after_a_warning(old):
-    """The old name of a renamed role: every entry point of the new role, each a warning then that entry point."""
-    moved = yaml.safe_load((ROOT / "roles" / old / "meta" / "moved.yml").read_text())
-    entries = yaml.safe_load((role_dir(moved["name"]) / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    assert sorted(path.stem for path in (ROOT / "roles" / old / "tasks").glob("*.yml")) == sorted(entries)
-    for entry in entries:
-        tasks = yaml.safe_load((ROOT / "roles" / old / "tasks" / f"{entry}.yml").read_text())
-        assert tasks[0]["llama_warn"] == {"msg": f"role {old} is deprecated and works until {moved['removed_in']}; "
-                                                f"it is role {moved['name']} now. Use that name instead."}
-        include = {"name": moved["name"], **({} if entry == "main" else {"tasks_from": entry})}
-        assert tasks[1]["ansible.builtin.include_role"] == include and len(tasks) == 2
-    assert (ROOT / "roles" / old / "README.md").is_file() and not (ROOT / "roles" / old / "defaults").exists()
 
 
 # --- 2. one owner per variable ----------------------------------------------------------------------
@@ -551,53 +534,15 @@ def test_set_fact_keys_are_found_in_blocks_and_free_form():
     assert found == {"demo_fact", "other_fact", "__private"}
 
 
-def _tasks(items):
-    """Every task of a task list or playbook, blocks included."""
-    for item in items or []:
-        if not isinstance(item, dict):
-            continue
-        if "hosts" in item:
-            for key in ("pre_tasks", "tasks", "post_tasks", "handlers"):
-                yield from _tasks(item.get(key))
-            continue
-        yield item
-        for key in ("block", "rescue", "always"):
-            yield from _tasks(item.get(key))
-
-
-@pytest.mark.parametrize("path", sorted(str(path.relative_to(ROOT)) for path in
-                                        [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("playbooks/*.yml")]))
-def test_asserts_fail_with_their_message_only(path):
-    """`quiet: true` among an assert's arguments: a failure is then one JSON line whose msg is the message
-    (what users read and the tests match). Misplaced under `vars:`, the failure was printed over many lines
-    with the assertion and no test found the message."""
-    loud = [task.get("name") for task in _tasks(yaml.safe_load((ROOT / path).read_text()))
-            if "ansible.builtin.assert" in task
-            and (task["ansible.builtin.assert"] or {}).get("quiet") is not True]
-    assert not loud, f"{path}: asserts without quiet: true: {loud}"
-
-
-# Task keywords that do not print what they hold (only a module's arguments and results are printed).
-_KEYWORDS = {"name", "when", "no_log", "tags", "notify", "register", "changed_when", "failed_when", "loop",
-             "run_once", "delegate_to", "become", "vars", "check_mode", "until", "retries", "delay", "listen"}
-# The API key's value in a template (not `llama_api_key | length`, which only says whether there is one).
-_API_KEY_VALUE = re.compile(r"\bllama_api_key\b(?!\s*\|\s*length)")
-
-
-@pytest.mark.parametrize("path", sorted(str(path.relative_to(ROOT)) for path in
-                                        [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("roles/*/handlers/*.yml"),
-                                         *ROOT.glob("playbooks/**/*.yml")]))
-def test_tasks_that_handle_the_api_key_do_not_log(path):
-    """A task whose module arguments hold the API key's value (a file's content, a request's header) has `no_log`:
-    else `-v` prints the key, and the results land in every callback. Removing `no_log` from one fails here."""
-    loud = [task.get("name") for task in _tasks(yaml.safe_load((ROOT / path).read_text()))
-            if "block" not in task
-            and _API_KEY_VALUE.search(str({key: value for key, value in task.items() if key not in _KEYWORDS}))
-            and task.get("no_log") in (None, False, "false")]
-    assert not loud, f"{path}: tasks holding llama_api_key's value without no_log: {loud}"
-
-
-def test_the_api_key_check_sees_a_task_without_no_log():
-    task = {"name": "Store the key", "ansible.builtin.copy": {"content": "{{ llama_api_key }}\n", "dest": "/x"}}
-    assert _API_KEY_VALUE.search(str({key: value for key, value in task.items() if key not in _KEYWORDS}))
-    assert not _API_KEY_VALUE.search(str({"when": "llama_api_key | length > 0"}))
+def test_every_entry_point_used_is_declared():
+    """Every `tasks_from` of a project role, in the roles, playbooks and scenarios, names an entry point that the
+    role's argument_specs declares (a tasks file reached from outside the role is a contract)."""
+    used = re.compile(r"name:\s*(?:llamacpp\.rpc_cluster\.)?(\w+)\s*\n\s*tasks_from:\s*(\w+)")
+    undeclared = set()
+    for path in [*ROOT.glob("*.yml"), *ROOT.glob("playbooks/**/*.yml"), *ROOT.glob("roles/**/*.yml"),
+                 *ROOT.glob("molecule/**/*.yml")]:
+        for role, entry in used.findall(path.read_text()):
+            spec = ROOT / "roles" / role / "meta" / "argument_specs.yml"
+            if spec.is_file() and entry not in yaml.safe_load(spec.read_text())["argument_specs"]:
+                undeclared.add(f"{path.relative_to(ROOT)}: {role} entry point {entry}")
+    assert not undeclared, sorted(undeclared)

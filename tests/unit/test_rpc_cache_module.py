@@ -1,5 +1,6 @@
-"""Unit tests of library/llama_rpc_cache.py, run through its main() against real files."""
+"""Unit tests of plugins/modules/llama_rpc_cache.py, run through its main() against real files."""
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -8,12 +9,12 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 from conftest import load
 
-LIBRARY = Path(__file__).resolve().parents[2] / "library"
+LIBRARY = Path(__file__).resolve().parents[2] / "plugins" / "modules"
 MIB = 1024 * 1024
 DAY = 86400
 NOW = 1_700_000_000.0
 
-llama_rpc_cache = load("llama_rpc_cache", LIBRARY / "llama_rpc_cache.py")
+llama_rpc_cache = importlib.import_module("ansible_collections.llamacpp.rpc_cluster.plugins.modules.llama_rpc_cache")
 
 
 def _run_module(capsys, args):

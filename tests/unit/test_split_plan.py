@@ -13,8 +13,8 @@ from ansible.errors import AnsibleFilterError
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import llama_split
-from llama_split import SplitError, llama_split_given, llama_split_plan, llamacpp_layer_assignment
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter import llama_split
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_split import SplitError, llama_split_given, llama_split_plan, llamacpp_layer_assignment
 
 MIB = 1024 * 1024
 GIB_MIB = 1024

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import llama_node
-import llama_node_status as status_module  # its main(); the readers are llama_node's (conftest loads both)
+from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils import llama_node
+from ansible_collections.llamacpp.rpc_cluster.plugins.modules import llama_node_status as status_module  # its main(); the readers are llama_node's (conftest loads both)
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.testing import patch_module_args
-from llama_verify import llama_status_report
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_verify import llama_status_report
 
-NODE_READER = Path(__file__).resolve().parents[2] / "module_utils" / "llama_node.py"
+NODE_READER = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "llama_node.py"
 NOW = 1_800_000_000.0
 MIB = 1 << 20
 BUILD = {"commit": "0c1e57098bba" + "0" * 28, "backend": "cpu", "rpc_proto": "3.0.0",
@@ -122,6 +122,8 @@ PLAN = {"model": {"source": "/srv/models/m.gguf", "sha256": "ab" * 32, "mode": "
         "plan": {"devices": ["RPC0", "RPC1"], "layers": [[0, 16], [16, 31]], "bytes": [60 << 20, 55 << 20],
                  "budget_bytes": [1 << 30, 1 << 30], "tensor_split": [16, 15], "strategy": "memory"},
         "hosts": {"RPC0": "worker1", "RPC1": "worker2"}}
+HEALTH = {"server": {"url": "http://127.0.0.1:8081/health", "status": 200, "error": ""},
+          "front": {"url": "http://127.0.0.1:8080/health", "status": 200, "error": ""}}
 CMDLINE = ["/opt/llama.cpp/current/bin/llama-server", "--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-m", "m.gguf"]
 
 
@@ -130,7 +132,7 @@ def cluster(master_connections=(("10.0.0.1:40000", "10.0.0.2:50052"), ("10.0.0.1
     return [
         node("master", "master", "10.0.0.1", [unit("llama-server.service"), unit("chrony.service", build_id="")],
              connections=master_connections, cmdline=CMDLINE, plan=PLAN,
-             front={"held": 1, "sessions": 4}),
+             front={"held": 0, "sessions": 4}, health=HEALTH),
         node("worker1", "worker", "10.0.0.2", [unit("llama-rpc-server.service")],
              connections=[("10.0.0.2:50052", "10.0.0.1:40000")], cache={"entries": 2, "bytes": 100 << 20}),
         node("worker2", "worker", "10.0.0.3", [unit("llama-rpc-server.service")],
@@ -158,7 +160,8 @@ def test_a_healthy_cluster_in_one_table():
     assert row(table, "RPC1") == ["RPC1", "worker2", "16-30+out", "?", "55", "MiB", "?", "80", "MiB"]
     assert "(loaded ?: llama-server's log does not say; llama_server_log_verbosity 4" in table
     assert "model: /srv/models/m.gguf, sha256 abababababab, stage mode" in table
-    assert "front on master: 1 requests held, 4 client connections" in table
+    assert "front on master: 0 requests held, 4 client connections" in table
+    assert "/health directly on master: 200" in table and "/health through the front on master: 200" in table
     assert "loaded in" not in table  # llama-server's load unknown (loading, or its journal rotated away)
     loaded = cluster()
     loaded[0]["status"]["load_s"] = 2.14
@@ -223,9 +226,8 @@ def test_bad_input_is_named(nodes):
         llama_status_report(nodes)
 
 
-# The node's metrics (module_utils/llama_node.py node_metrics: the exporter of role llama_metrics), from the same
+# The node's metrics (plugins/module_utils/llama_node.py node_metrics: the exporter of role llama_metrics), from the same
 # reads as the status table.
-PROMTOOL = os.environ.get("LLAMA_PROMTOOL")
 
 
 def exposition(text):
@@ -262,15 +264,16 @@ def test_the_master_s_metrics_count_the_endpoints_it_holds():
     assert samples[("llama_cluster_rpc_endpoints_planned", "")] == 2
     assert samples[("llama_cluster_rpc_endpoints_connected", "")] == 1
     assert samples[("llama_cluster_device_planned_layers", 'device="RPC1",host="worker2"')] == 15
-    assert samples[("llama_cluster_front_held_requests", "")] == 1
+    assert samples[("llama_cluster_front_held_requests", "")] == 0
+    assert samples[("llama_cluster_api_healthy", 'path="front"')] == 1
+    assert samples[("llama_cluster_api_healthy", 'path="server"')] == 1
     assert samples[("llama_cluster_model_info", f'source="/srv/models/m.gguf",sha256="{"ab" * 32}",mode="stage"')] == 1
 
 
-@pytest.mark.skipif(not PROMTOOL, reason="LLAMA_PROMTOOL is not set: run through make checks (tools/fixtures.py)")
-def test_promtool_accepts_every_node_s_metrics(tmp_path):
+def test_promtool_accepts_every_node_s_metrics(tmp_path, promtool):
     for node in cluster():
         text = llama_node.node_metrics(node["status"], dict(node, master_address="10.0.0.1"), now=NOW)
-        checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
@@ -373,3 +376,81 @@ def test_the_load_is_exported_on_the_master_only_when_known():
     worker = cluster()[1]
     assert ("llama_cluster_model_load_seconds", "") not in exposition(
         llama_node.node_metrics(dict(worker["status"], load_s=2.1), dict(worker, master_address="10.0.0.1"), now=NOW))
+
+
+def test_a_crash_looping_llama_server_is_unhealthy_whatever_its_unit_says():
+    """Seen: llama-server crash-looping on a missing model (17 restarts, "active 0s"), no worker held, one request held
+    by the front, and status.yml said healthy: its unit was active at the moment of the read. /health says otherwise."""
+    nodes = cluster(master_connections=[], connections=[])
+    nodes[1]["status"]["connections"] = []
+    master = nodes[0]["status"]
+    master["units"][0] = dict(unit("llama-server.service", started=NOW), restarts=17)
+    master["cmdline"], master["front"] = [], {"held": 1, "sessions": 1}
+    master["health"] = {"server": {"url": "http://127.0.0.1:8081/health", "status": None,
+                                   "error": "[Errno 111] Connection refused"},
+                        "front": {"url": "http://127.0.0.1:8080/health", "status": 503, "error": "Service Unavailable"}}
+    report = llama_status_report(nodes, now=NOW)
+    assert not report["healthy"]
+    assert ("master: llama-server does not serve: its /health answered no answer ([Errno 111] Connection refused) at "
+            "http://127.0.0.1:8081/health, and the front holds the API's requests (fix: journalctl -u "
+            "llama-server.service says why") in report["text"]
+    assert "/health through the front on master: 503 (Service Unavailable)" in report["text"]
+
+
+def test_a_front_that_does_not_pass_health_is_named_apart_from_llama_server():
+    nodes = cluster()
+    nodes[0]["status"]["health"] = dict(HEALTH, front={"url": "http://127.0.0.1:8080/health", "status": None,
+                                                       "error": "[Errno 111] Connection refused"})
+    assert llama_status_report(nodes, now=NOW)["problems"] == [
+        "master: the API front does not pass /health: it answered no answer ([Errno 111] Connection refused) at "
+        "http://127.0.0.1:8080/health while llama-server answers 200 directly (fix: systemctl status "
+        "llama-front.service and journalctl -u llama-front.service say why; site.yml --tags master starts it)"]
+
+
+def test_requests_held_by_the_front_are_a_problem():
+    nodes = cluster()
+    nodes[0]["status"]["front"] = {"held": 2, "sessions": 3}
+    assert llama_status_report(nodes, now=NOW)["problems"] == [
+        "master: the API front holds 2 request(s) (fix: llama-server is not serving them; journalctl -u "
+        "llama-server.service)"]
+
+
+@pytest.fixture
+def health_server():
+    """A real HTTP server on loopback answering /health as llama-server does: 200, or 503 with its JSON error."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        status = 200
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b'{"status":"ok"}' if Handler.status == 200 else \
+                b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
+            self.send_response(Handler.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Handler, f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+def test_health_is_asked_over_http(health_server):
+    handler, url = health_server
+    assert llama_node.probe_health(url) == {"url": url, "status": 200, "error": ""}
+    handler.status = 503
+    assert llama_node.probe_health(url) == {"url": url, "status": 503, "error": "Loading model"}
+    closed = url.rsplit(":", 1)[0] + ":9/health"  # discard: nothing listens
+    answer = llama_node.probe_health(closed)
+    assert answer["status"] is None and "refused" in answer["error"]
+    read = llama_node.read_node(install_root="/nonexistent", chrony=False, health={"server": url, "front": ""})
+    assert read["health"] == {"server": {"url": url, "status": 503, "error": "Loading model"}}

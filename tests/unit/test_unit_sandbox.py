@@ -1,8 +1,8 @@
-"""The systemd sandbox every cluster unit gets (filter_plugins/llama_unit.py)."""
+"""The systemd sandbox every cluster unit gets (plugins/filter/llama_unit.py)."""
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from llama_unit import llama_unit_sandbox
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_unit import llama_unit_sandbox
 
 
 def values(lines, key):

@@ -7,7 +7,7 @@ from cluster_helpers import master, order_tests, workers  # noqa: F401 (master, 
 # The models' tests (another model, a share, new content at one path) last: each puts the inventory's model back.
 ORDER = ["test_cluster.py", "test_timesync.py", "test_status.py", "test_monitor.py", "test_collection.py", "test_check_mode.py",
          "test_security.py", "test_bad_input.py",
-         "test_tags.py", "test_front.py", "test_bench.py", "test_models.py"]
+         "test_tags.py", "test_front.py", "test_calibrate.py", "test_models.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, main_pid, option,
+from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, http_json, journal, main_pid, option,
                              placement, rpc_server_pid, single_process_completion, wait_health)
-from llama_gguf import read_model_info
-from llama_split import llamacpp_layer_assignment
+from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils.llama_gguf import read_model_info
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_split import llamacpp_layer_assignment
 
 MODEL_ON_CONTROLLER = Path(os.environ["LLAMA_CACHE_DIR"]) / "models" / "cluster.gguf"
 SINGLE_PORT = 18181
@@ -161,8 +161,8 @@ def test_every_master_session_gets_fresh_rpc_servers(master, workers):
         guard, server = main_pid(host, unit), rpc_server_pid(host)
         assert guard == before[name][0] and server != before[name][1], (name, before[name], (guard, server))
         assert host.process.get(pid=server).user == "llama"
-        log = host.check_output(f"journalctl -o cat -u {unit} --since '{since}'")
+        log = journal(host, unit, since)
         assert re.search(r"llama-rpc-session: a master session ended after [0-9.]+ s: replacing the RPC server", log), log
-    waited = master.check_output(f"journalctl -o cat -u llama-server.service --since '{since}'")
+    waited = journal(master, "llama-server.service", since)
     for name in workers:
         assert re.search(rf"llama-wait-workers: worker {name} \(\S+\) answers \(RPC protocol 7\.0\.0\)", waited), waited

@@ -1,7 +1,8 @@
-"""The collection `make collection` builds, installed into an empty collections path and used by its fully qualified
-names against this scenario's hosts, with none of the checkout's plugin paths: its status playbook reads every node
-(its module, its filters, its roles) and finds the cluster healthy; a play of the user's own calls its planner filter
-and its module by their full names."""
+"""The collection `make collection` builds from the checkout, installed into an empty collections path and used by
+its fully qualified names against this scenario's hosts, from outside the checkout: its site playbook deploys the
+cluster (converged already by the checkout's site.yml: nothing changes, which shows the two are the same), its
+status playbook reads every node (its module, its filters, its roles) and finds the cluster healthy; a play of the
+user's own calls its planner filter and its module by their full names."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster_helpers import recap
 
 PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 sys.path.insert(0, str(PROJECT / "tools"))
@@ -43,10 +45,10 @@ def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("collection")
     tarball = collection.build(work / "dist")
     # The scenario's connection settings (molecule's ansible.cfg: SSH options and control path), and nothing of the
-    # checkout: no filter, module, action or role path.
+    # checkout: no collection, filter, module, action or role path of it.
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("ANSIBLE_FILTER", "ANSIBLE_LIBRARY", "ANSIBLE_ACTION", "ANSIBLE_MODULE_UTILS",
-                                  "ANSIBLE_ROLES"))}
+                                  "ANSIBLE_ROLES", "ANSIBLE_COLLECTIONS"))}
     env["ANSIBLE_COLLECTIONS_PATH"] = str(work / "collections")  # and the ansible package's, on sys.path
     env["ANSIBLE_CONFIG"] = str(Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "ansible.cfg")
     done = subprocess.run(["ansible-galaxy", "collection", "install", "--offline", "--no-deps", "-p",
@@ -59,6 +61,16 @@ def play(installed, *args):
     work, env = installed
     return subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], *args], cwd=work, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def test_the_collection_s_site_playbook_deploys_the_cluster(installed):
+    """ansible-playbook llamacpp.rpc_cluster.site, as a user of the installed collection runs it: every play runs,
+    on every host, and finds the cluster as the checkout's site.yml left it."""
+    done = play(installed, f"{collection.FQCN}.site")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    stats = recap(done.stdout)
+    assert {"master", "worker1", "worker2"} <= set(stats), stats
+    assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), done.stdout[-4000:]
 
 
 def test_the_collection_s_status_playbook_by_its_fqcn(installed):

@@ -1,22 +1,28 @@
 """Roles llama_metrics and llama_monitor on the running cluster, with a real Prometheus on the master (group
 llama_monitor): every node's node-exporter is up and serves the llama_cluster_* metrics; every worker is connected;
-a stopped worker raises LlamaWorkerDown, which resolves once the cluster has healed; a stranger reaches no exporter
-while the monitor does; the exporter costs little CPU."""
+a stopped worker raises LlamaWorkerDown, which resolves once the cluster has healed; faults that remove their own
+series (an exporter stopped, the front stopped) raise LlamaTargetDown, LlamaMetricsMissing, LlamaFrontDown and
+LlamaApiUnhealthy; llama-server stopped with a request held raises LlamaMasterDown, LlamaApiUnhealthy and
+LlamaFrontHolding; a stranger reaches no exporter while the monitor does; the exporter costs little CPU.
+The other rules (LlamaWorkerNotConnected, LlamaFewerDevicesThanPlanned, LlamaBuildDrift, LlamaClockOffset,
+LlamaRpcCacheNearCap, LlamaExporterStale) are tested in promtool only (tests/unit/test_alert_rules.py): their faults
+cannot be made here (a current llama-server does not start without a worker, a container cannot step the clock) or
+their for: is minutes."""
 
 import time
 import urllib.parse
 from shlex import quote
 
 import pytest
-from cluster_helpers import (SERVER_PORT, WORKERS, address, connect, http_json, prometheus_query, tcp_connects,
-                             wait_health)
+from cluster_helpers import (API_KEY, SERVER_PORT, WORKERS, address, connect, http_json, prometheus_query,
+                             tcp_connects, wait_health)
 from suite_report import figures
 
 NODES = ("master", *WORKERS)
 METRICS_PORT = 9100
 PROMETHEUS_PORT = 9090
-# molecule.yml: the exporter's interval, the scrape (and rule evaluation) interval, the alerts' for:.
-EXPORTER_INTERVAL, SCRAPE_INTERVAL, ALERT_AFTER = 10, 5, 10
+# molecule.yml: the exporter's interval, the scrape (and rule evaluation) interval, the alerts' for:, LlamaFrontHolding's.
+EXPORTER_INTERVAL, SCRAPE_INTERVAL, ALERT_AFTER, HOLD_ALERT_AFTER = 10, 5, 10, 15
 
 
 def query(master, expr):
@@ -132,6 +138,95 @@ def test_a_stopped_worker_raises_its_alert_until_the_cluster_heals(master, worke
     figures("LlamaWorkerDown (exporter 10 s, scrape 5 s, for: 10 s)",
             [f"fired {fired:.1f} s after the stop (budget {budget} s)",
              f"resolved and connected {time.monotonic() - back:.1f} s after the start"])
+
+
+# The label that tells apart two alerts of one rule on one host.
+TELLS = {"LlamaTargetDown": "job", "LlamaMetricsMissing": "series", "LlamaFrontDown": "unit", "LlamaApiUnhealthy": "path"}
+
+
+def firing(master, name):
+    """{(instance, TELLS[name]'s label, if any): the alert} of the alerts `name` that fire."""
+    return {(alert["labels"].get("instance"), alert["labels"].get(TELLS.get(name, ""))): alert
+            for alert in alerts(master, name) if alert["state"] == "firing"}
+
+
+def wait_firing(master, wanted, budget, started):
+    """Wait for every alert of `wanted` ({name: {(instance, label)}}) to fire: {name: seconds since `started`}."""
+    seen = {}
+    for name, keys in wanted.items():
+        found = wait_for(f"{name} firing for {sorted(keys, key=str)}", lambda name=name, keys=keys: (
+            firing(master, name) if keys <= set(firing(master, name)) else None), budget)
+        seen[name] = time.monotonic() - started
+        assert keys <= set(found), (name, sorted(found, key=str))
+    return seen
+
+
+def test_faults_with_no_series_of_their_own_raise_alerts(master, workers):
+    """Faults that once raised nothing (their rules read series the fault itself removes), made at once on a real
+    Prometheus: worker1's node-exporter stopped (LlamaTargetDown); worker2's exporter stopped and its metrics file gone,
+    node-exporter still answering (LlamaMetricsMissing, one per series an alert reads); the API front stopped
+    (LlamaFrontDown, and LlamaApiUnhealthy: /health through the front fails while llama-server answers)."""
+    prom = "/var/lib/prometheus/node-exporter/llama_cluster.prom"
+    started = time.monotonic()
+    workers["worker1"].check_output("systemctl stop prometheus-node-exporter.service")
+    workers["worker2"].check_output(f"systemctl stop llama-cluster-exporter.timer && rm -f {prom}")
+    master.check_output("systemctl stop llama-front.service")
+    try:
+        budget = EXPORTER_INTERVAL + ALERT_AFTER + 4 * SCRAPE_INTERVAL
+        wanted = {"LlamaTargetDown": {("worker1", "llama-node")},
+                  "LlamaMetricsMissing": {("worker2", "llama_cluster_worker_up"),
+                                          ("worker2", "llama_cluster_worker_connected"),
+                                          ("worker2", "llama_cluster_exporter_timestamp_seconds")},
+                  "LlamaFrontDown": {("master", "llama-front.service")},
+                  "LlamaApiUnhealthy": {("master", "front")}}
+        seen = wait_firing(master, wanted, budget, started)
+        # /health directly still answers: llama-server itself serves, only the front is down.
+        assert ("master", "server") not in firing(master, "LlamaApiUnhealthy")
+        assert "llama-front.service on master is not active" in \
+            firing(master, "LlamaFrontDown")[("master", "llama-front.service")]["annotations"]["description"]
+    finally:
+        master.check_output("systemctl start llama-front.service")
+        workers["worker2"].check_output("systemctl start llama-cluster-exporter.timer llama-cluster-exporter.service")
+        workers["worker1"].check_output("systemctl start prometheus-node-exporter.service")
+    wait_health(master, SERVER_PORT, timeout=60)
+    wait_for("every alert resolved", lambda: not any(alerts(master, name) for name in wanted),
+             EXPORTER_INTERVAL + 4 * SCRAPE_INTERVAL)
+    figures("alerts on faults without series of their own (exporter 10 s, scrape 5 s, for: 10 s)",
+            [f"{name} fired {seconds:.1f} s after the faults" for name, seconds in seen.items()])
+
+
+# A request through the front, in the background: its HTTP status goes to /tmp/held.status once answered.
+HELD = ("import sys, urllib.request\n"
+        "request = urllib.request.Request('http://127.0.0.1:%d/completion', b'{\"prompt\": \"Hi\", \"n_predict\": 2}',"
+        " {'Content-Type': 'application/json', 'Authorization': 'Bearer ' + sys.argv[1]})\n"
+        "status = urllib.request.urlopen(request, timeout=300).status\n"
+        "open('/tmp/held.status', 'w').write(str(status))\n"
+        % SERVER_PORT)
+
+
+def test_a_stopped_llama_server_raises_its_alerts_while_the_front_holds(master):
+    """llama-server stopped by hand, one request held by the front: LlamaMasterDown, LlamaApiUnhealthy (/health
+    fails directly and through the front) and LlamaFrontHolding fire; started again, the held request is served."""
+    wait_health(master, SERVER_PORT)
+    master.run("rm -f /tmp/held.status")
+    started = time.monotonic()
+    master.check_output("systemctl stop llama-server.service")
+    try:
+        master.check_output(f"nohup python3 -c {quote(HELD)} {quote(API_KEY)} >/dev/null 2>&1 &")
+        budget = EXPORTER_INTERVAL + max(ALERT_AFTER, HOLD_ALERT_AFTER) + 4 * SCRAPE_INTERVAL
+        wanted = {"LlamaMasterDown": {("master", None)},
+                  "LlamaApiUnhealthy": {("master", "server"), ("master", "front")},
+                  "LlamaFrontHolding": {("master", None)}}
+        seen = wait_firing(master, wanted, budget, started)
+        assert not master.file("/tmp/held.status").exists  # still held
+    finally:
+        master.check_output("systemctl start llama-server.service")
+    wait_for("the held request answered", lambda: master.file("/tmp/held.status").exists, 120)
+    assert master.file("/tmp/held.status").content_string == "200"
+    wait_for("every alert resolved", lambda: not any(alerts(master, name) for name in wanted),
+             EXPORTER_INTERVAL + 4 * SCRAPE_INTERVAL)
+    figures(f"alerts on llama-server stopped, a request held (for: 10 s, LlamaFrontHolding {HOLD_ALERT_AFTER} s)",
+            [f"{name} fired {seconds:.1f} s after the stop" for name, seconds in seen.items()])
 
 
 def test_the_exporter_costs_little(workers):

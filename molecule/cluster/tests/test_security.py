@@ -1,11 +1,13 @@
 """Who can reach what: the RPC port admits the master only, the API wants its key everywhere but /health,
 the key shows nowhere, and both units are sandboxed."""
 
+import json
 import re
+from shlex import quote
 
 import pytest
 from cluster_helpers import (API_KEY, RPC_PORT, SERVER_PORT, WORKERS, address, cmdline, connect, http, http_json,
-                             main_pid, option, recap, run_playbook, service_pids, tcp_connects, wait_health)
+                             main_pid, option, recap, run_playbook, service_pids, tcp_connects, text, wait_health)
 from suite_report import figures
 
 # Every endpoint family llama-server has, by method; only /health (and its /v1 alias) is public.
@@ -40,6 +42,40 @@ def test_the_api_is_open_to_its_allowed_sources(stranger, master):
     assert tcp_connects(stranger, address(master), SERVER_PORT)
 
 
+# GET /health from where it runs: the status, or how the connection failed.
+ASK = """
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=10).status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+except Exception as error:
+    print(type(error).__name__)
+"""
+
+
+def test_the_front_enforces_the_allowed_sources_whatever_the_firewall_does(stranger, master, workers):
+    """llama_server_allowed_sources given to the front alone (--tags llama_front: the firewall, not run, still admits
+    anyone to the API port): the front itself refuses a stranger's connection; an allowed source and the master
+    are answered. Then back to [] (anyone)."""
+    allowed = address(workers[WORKERS[0]])
+    url = f"http://{address(master)}:{SERVER_PORT}/health"
+    ask = f"python3 -c {quote(ASK)} {url}"
+    try:
+        result = run_playbook("site.yml", "--tags", "llama_front", "-e",
+                              json.dumps({"llama_server_allowed_sources": [f"{allowed}/32"]}))
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        assert tcp_connects(stranger, address(master), SERVER_PORT)  # the firewall lets it through
+        assert stranger.check_output(ask) in ("RemoteDisconnected", "ConnectionResetError", "URLError"), \
+            "the front answered a source llama_server_allowed_sources does not name"
+        assert workers[WORKERS[0]].check_output(ask) == "200"
+        assert master.check_output(f"python3 -c {quote(ASK)} http://127.0.0.1:{SERVER_PORT}/health") == "200"
+    finally:
+        result = run_playbook("site.yml", "--tags", "llama_front")
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert stranger.check_output(ask) == "200"
+
+
 @pytest.mark.parametrize("method, path", PROTECTED)
 def test_every_endpoint_but_health_wants_the_key(method, path, master):
     body = REQUEST if method == "POST" else None
@@ -63,11 +99,11 @@ def test_the_key_shows_nowhere_on_any_host(master, workers):
         # Every unit's and the kernel's lines, since the host booted: Ansible's module runs too.
         # Bytes: llama-server's --verbose log has token pieces that are not whole UTF-8 characters.
         **{f"{name}'s whole journal":
-           host.run("journalctl --no-pager -o cat").stdout_bytes.decode("utf-8", "replace")
+           text(host.run("journalctl --no-pager -o cat"))
            for name, host in {"master": master, **workers}.items()},
     }
-    for place, text in places.items():
-        assert API_KEY not in text, f"the API key is in {place}"
+    for place, content in places.items():
+        assert API_KEY not in content, f"the API key is in {place}"
     key_file = master.file("/etc/llama.cpp/api-key")
     assert (key_file.user, key_file.group, key_file.mode) == ("root", "llama", 0o640)
 
@@ -86,7 +122,7 @@ def test_a_new_key_replaces_the_old_and_never_shows_in_the_play_output(master, w
         assert new_key not in output and API_KEY not in output
         stats = recap(output)
         assert stats["master"]["changed"] >= 1 and all(stats[name]["changed"] == 0 for name in WORKERS)
-        assert output.count("RUNNING HANDLER [llama_server : Restart llama-server]") == 1
+        assert output.count("RUNNING HANDLER [llamacpp.rpc_cluster.llama_server : Restart llama-server]") == 1
         assert http(master, SERVER_PORT, "/v1/models", key=API_KEY)[0] == 401
         assert http(master, SERVER_PORT, "/v1/models", key=new_key)[0] == 200
         after = service_pids(master, workers)
@@ -112,7 +148,7 @@ def exposure(host, unit):
 
 
 def test_units_are_sandboxed(master, workers, record_property):
-    """Figures for the README; the worker, which faces the network with no authentication, must be "OK" or
+    """Figures for docs/security.md; the worker, which faces the network with no authentication, must be "OK" or
     better (exposure < 2)."""
     exposures = {"llama-server.service": exposure(master, "llama-server.service")}
     for name in WORKERS:

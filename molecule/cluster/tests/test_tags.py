@@ -26,10 +26,10 @@ def site_plays(path=PROJECT / "site.yml"):
 PLAYS = site_plays()
 # A role's own tag selects that role's tasks wherever the role is listed: llama_server's are in the master's play.
 ROLE_TAGS = {"llama_server": "master", "llama_front": "master"}
-# Each tag once, in two runs that each leave out four or five parts (the full run of each part is the converge; these runs
+# Each tag once, in two runs that each leave out four to six parts (the full run of each part is the converge; these runs
 # only select), the roles' tags among them.
 RUNS = [("timesync", "models", "llama_server", "llama_front", "smoke", "metrics"),
-        ("build", "firewall", "workers", "master", "monitor")]
+        ("build", "firewall", "workers", "prefill", "master", "monitor")]
 ALWAYS = ("Preflight - inventory groups", "Variables", "Facts", "Preflight - cluster hosts")
 # Ansible validates a role's argument_specs whenever the role is listed, whatever the tags (controller-side).
 VALIDATION = "Validating arguments against arg spec"

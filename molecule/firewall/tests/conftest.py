@@ -15,7 +15,7 @@ CONNECT_TIMEOUT = 3
 
 # Behaviour of the converged hosts first; then the runs and restarts that change them; decommission last.
 ORDER = ["test_firewall.py", "test_network.py", "test_reboot.py", "test_master_moves.py", "test_bad_input.py",
-         "test_decommission.py"]
+         "test_firewall_none.py", "test_decommission.py"]
 
 PROBE = """
 import socket, sys

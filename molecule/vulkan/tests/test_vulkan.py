@@ -208,7 +208,7 @@ def test_the_vulkan_device_through_rpc_equals_one_vulkan_process(master, workers
 
 
 def test_one_rpc_server_process_per_session(workers):
-    """The reproduction (tools/rpc_session_repro.py, README "Vulkan"), on worker2 with its installed Vulkan build:
+    """The reproduction (tools/rpc_session_repro.py, docs/backends.md), on worker2 with its installed Vulkan build:
     two RPC servers on loopback as the scenario's workers, and masters started one after another with the vulkan
     test's two plans (every layer on Vulkan0, then 11,10,10). Without the session guard a server that served the
     first plan corrupts its heap in the second session (glibc aborts it: "corrupted double-linked list"), with

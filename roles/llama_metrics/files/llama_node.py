@@ -1,1 +1,1 @@
-../../../module_utils/llama_node.py
+../../../plugins/module_utils/llama_node.py
