@@ -1,5 +1,6 @@
 """Helpers of the cluster scenarios' tests: the containers (over SSH), requests, ansible-playbook runs."""
 
+import contextlib
 import json
 import os
 import re
@@ -174,14 +175,15 @@ def recap(output):
 
 
 def plays(output):
-    """{play name: [task names]} of an ansible-playbook run, in order."""
+    """{play name: [task names]} of an ansible-playbook run, in order; a role's task by its role's short name
+    ("llama_link : ..."; Ansible shows the roles by the collection's FQCN)."""
     result, current = {}, None
     for line in output.splitlines():
         if line.startswith("PLAY [") and "RECAP" not in line:
             current = line[len("PLAY ["):line.rindex("]")]
             result.setdefault(current, [])
         elif line.startswith("TASK [") and current is not None:
-            result[current].append(line[len("TASK ["):line.rindex("]")])
+            result[current].append(line[len("TASK ["):line.rindex("]")].removeprefix("llamacpp.rpc_cluster."))
     return result
 
 
@@ -192,7 +194,8 @@ DECOMMISSIONED_UNITS = ["llama-front.service", "llama-server-watch.service", "ll
 DECOMMISSIONED_PATHS = ["/etc/llama-front", "/etc/llama.cpp", "/opt/llama.cpp", "/var/cache/llama.cpp",
                         "/var/cache/llama-vulkan-shaders", "/var/lib/llama.cpp",
                         "/usr/local/sbin/llama-wait-workers", "/usr/local/sbin/llama-server-watch",
-                        "/usr/local/sbin/llama-rpc-session", "/usr/local/sbin/llama-switch"]
+                        "/usr/local/sbin/llama-rpc-session", "/usr/local/sbin/llama-switch",
+                        "/usr/local/sbin/llama-prefill-source"]
 
 
 def assert_decommissioned(host):
@@ -235,12 +238,42 @@ def assert_check_changes_nothing(hosts=("master", "worker1", "worker2")):
     assert all(counts["changed"] == 0 and counts["failed"] == 0 for counts in stats.values()), output[-4000:]
 
 
+def text(result):
+    """A command's output as text. llama-server logs the pieces of tokens it generates, which may end inside a UTF-8
+    character: decoded strictly, as testinfra's `stdout` does, such a journal raises UnicodeDecodeError."""
+    return result.stdout_bytes.decode("utf-8", "replace")
+
+
+def journal(host, unit, since):
+    """`unit`'s journal on `host` since `since` (journalctl's --since), as text whatever bytes it holds."""
+    return text(host.run_expect([0], f"journalctl --no-pager -o cat -u {unit} --since '{since}'"))
+
+
 def journal_tail(host, units, lines=40):
     """The last `lines` of `units`' journal on `host`, without llama.cpp's debug lines (--verbose): for a failure's
     message, so that the log says why a service stopped serving."""
     selected = " ".join(f"-u {unit}" for unit in units)
-    return host.run(f"journalctl --no-pager -o short-precise {selected} | grep -v -E '^[^:]+:[^:]+:[^:]+: [0-9.]+ D '"
-                    f" | tail -n {lines}").stdout
+    debug = "'^[^:]+:[^:]+:[^:]+: [0-9.]+ D '"
+    return text(host.run(f"journalctl --no-pager -o short-precise {selected} | grep -v -E {debug} | tail -n {lines}"))
+
+
+def drains(host, since):
+    """The front's drains (llama-front-drain: llama-server's ExecStop, upgrade.yml's) in the journal of `host` since
+    `since` (its monotonic clock, s): [(start, end, requests running once the gate held, how it ended)]; the start is
+    when the drain began, before its gate held."""
+    found, start = [], None
+    for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
+        entry = json.loads(line)
+        at, message = int(entry["__MONOTONIC_TIMESTAMP"]) / 1e6, entry.get("MESSAGE")
+        if at < since or not isinstance(message, str):
+            continue
+        held = re.search(r"holding new requests; (\d+) running(?: \(the gate held after ([\d.]+) s\))?", message)
+        if held:
+            start = (at - float(held.group(2) or 0), int(held.group(1)))
+        elif start:
+            found.append((start[0], at, start[1], message.removeprefix("llama-front-drain: ")))
+            start = None
+    return found
 
 
 def service_state(host, unit):
@@ -383,8 +416,8 @@ def workers():
 
 class ApiClients:
     """Clients of the API on `host` (molecule/shared/api_clients.py, run there) while a `with` block runs: each
-    group (name, number of clients, interval) sends non-streaming completions, each client pausing `interval` s
-    between them. `events` records what the test did when (the host's monotonic clock); `results` holds, after the
+    group (name, number of clients, interval[, tokens]) sends non-streaming completions, or streams of `tokens`
+    tokens (failed unless whole), each client pausing `interval` s between them. `events` records what the test did when (the host's monotonic clock); `results` holds, after the
     block, every request of each group: [start, latency s, HTTP status (0: none), error].
 
     The default groups: one client asking every 0.5 s, and 8 concurrent clients each asking every 2 s. The 8 are
@@ -393,6 +426,8 @@ class ApiClients:
 
     SCRIPT = Path(__file__).with_name("api_clients.py")
     GROUPS = (("1 client", 1, 0.5), ("8 clients", 8, 2.0))
+    # One client streaming 400 tokens back to back: a stream is in flight at almost every moment.
+    STREAMS = ("400-token streams", 1, 0.0, 400)
 
     def __init__(self, host, groups=GROUPS, port=SERVER_PORT, key=API_KEY):
         self.host, self.groups, self.port, self.key = host, groups, port, key
@@ -400,10 +435,10 @@ class ApiClients:
 
     def __enter__(self):
         self.host.run(f"cat > /tmp/api_clients.py <<'EOF'\n{self.SCRIPT.read_text()}\nEOF\nrm -f /tmp/api-clients.stop")
-        for index, (_, count, interval) in enumerate(self.groups):
+        for index, (_, count, interval, *tokens) in enumerate(self.groups):
             self.host.run(f"nohup python3 /tmp/api_clients.py http://127.0.0.1:{self.port} {count} {interval} "
-                          f"/tmp/api-clients.stop {quote(self.key or '')} > /tmp/api-clients-{index}.json "
-                          f"2> /tmp/api-clients-{index}.err &")
+                          f"/tmp/api-clients.stop {quote(self.key or '')} {tokens[0] if tokens else 0} "
+                          f"> /tmp/api-clients-{index}.json 2> /tmp/api-clients-{index}.err &")
         time.sleep(3)  # every client has asked once
         return self
 
@@ -414,7 +449,7 @@ class ApiClients:
     def __exit__(self, *failure):
         self.host.run("touch /tmp/api-clients.stop")
         deadline = time.monotonic() + 700
-        for index, (name, _, _) in enumerate(self.groups):
+        for index, (name, *_) in enumerate(self.groups):
             while True:
                 text = self.host.run(f"cat /tmp/api-clients-{index}.json").stdout
                 if text.endswith("\n"):
@@ -424,6 +459,15 @@ class ApiClients:
                 time.sleep(0.5)
         return False
 
+    @property
+    def streams(self):
+        """The names of the groups that stream."""
+        return [name for name, *rest in self.groups if len(rest) > 2 and rest[2]]
+
+    def in_flight(self, group, at):
+        """The requests of `group` that had started and not yet ended at `at` (the host's monotonic clock)."""
+        return [r for r in self.results[group] if r[0] < at < r[0] + r[1]]
+
     def failed(self):
         """{group: the requests not answered 200 with tokens}."""
         return {name: [r for r in requests if r[2] != 200 or r[3]] for name, requests in self.results.items()}
@@ -432,16 +476,23 @@ class ApiClients:
         """Every request of every group was answered (the failed ones, if any, in the message)."""
         failed = {name: requests for name, requests in self.failed().items() if requests}
         # This module is not a test module: pytest does not rewrite its asserts, so the message says it all.
+        if failed and self.host is not None:  # what the master did meanwhile, for the failure's message
+            log = journal_tail(self.host, ["llama-server", "llama-server-watch", "llama-front"], lines=60)
+            failed["the master's journal"] = log.splitlines()
         assert not failed, f"failed requests ([start, latency s, HTTP status, error]): {failed}; events: {self.events}"
+        # And there were requests: a client that never asked fails nothing.
+        empty = [name for name, requests in self.results.items() if len(requests) < 2]
+        assert self.results and not empty, f"groups that sent fewer than 2 requests: {empty or list(self.groups)}"
 
     def figures(self, since, until):
-        """Per group, the requests started in [since, until): count, failed, latency p50/p99/max (s), and the
-        outage: from `since` to the first answer of a request sent after it."""
+        """Per group, the requests started in [since, until) and those in flight at `since` (an event cuts or holds
+        them first): count, failed, latency p50/p99/max (s), and the outage: from `since` to the first answer of a
+        request sent after it."""
         rows = {}
         for name, requests in self.results.items():
-            window = [r for r in requests if since <= r[0] < until]
+            window = [r for r in requests if since <= r[0] < until or r[0] < since < r[0] + r[1]]
             latencies = sorted(r[1] for r in window) or [0.0]
-            answered = [r[0] + r[1] - since for r in window if r[2] == 200 and not r[3]]
+            answered = [r[0] + r[1] - since for r in window if r[2] == 200 and not r[3] and r[0] >= since]
             rows[name] = {"requests": len(window), "failed": sum(1 for r in window if r[2] != 200 or r[3]),
                           "p50": latencies[len(latencies) // 2],
                           "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
@@ -454,8 +505,21 @@ class ApiClients:
         return [(event, self.figures(at, until)) for (event, at), until in zip(self.events, bounds[1:])]
 
     def longest(self):
-        """{event: the longest latency of a request started during it, over every group} (s)."""
-        return {event: max(row["max"] for row in rows.values()) for event, rows in self.windows()}
+        """{event: the longest latency of a request started during it or in flight at it, over every group but the
+        streams} (s)."""
+        return {event: max(row["max"] for group, row in rows.items() if group not in self.streams)
+                for event, rows in self.windows()}
+
+    def assert_streamed_through(self, drained):
+        """A stream was in flight when the first drain in `drained` (drains()) began, and every drain waited for what
+        ran (the streams, whole, are checked by assert_none_failed). A later drain (llama-server's own stop after a
+        model switch's or upgrade.yml's) finds the front holding already."""
+        streams = self.streams
+        assert streams and drained, (streams, drained)
+        for _, _, _, outcome in drained:
+            assert outcome.startswith("drained in"), drained
+        start = drained[0][0]
+        assert any(self.in_flight(name, start) for name in streams), (start, self.results[streams[0]])
 
     def report(self, title):
         """One line per event and group: the test's figures (suite_report.figures: the suite's summary shows
@@ -468,6 +532,24 @@ class ApiClients:
                              f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "
                              f"first answer after {outage}")
         return figures(title, lines)
+
+
+STAND_IN = Path(__file__).with_name("stand_in.py")
+
+
+@contextlib.contextmanager
+def stand_in(host, port, *args):
+    """llama-server stopped and molecule/shared/stand_in.py (ARGS) on its port while the block runs; then
+    llama-server started again."""
+    host.check_output("systemctl stop llama-server.service")
+    host.check_output(f"cat > /tmp/stand_in.py <<'EOF'\n{STAND_IN.read_text()}\nEOF")
+    pid = host.check_output(f"nohup python3 /tmp/stand_in.py {port} {' '.join(map(quote, args))} >/dev/null 2>&1 "
+                            "& echo $!")
+    try:
+        yield
+    finally:
+        host.run(f"kill {pid}")
+        host.check_output("systemctl start llama-server.service")
 
 
 def monotonic(host):

@@ -96,3 +96,19 @@ def test_other_connections_closed_by_their_peer_are_not_a_worker_gone(world):
     for sock in (held, stranger, kept):
         sock.close()
     assert restarts(world) == []
+
+
+def test_another_process_s_connection_to_a_worker_closed_by_it_is_not_llama_server_s(world):
+    """A probe of the worker's port by another process (llama-wait-workers, status.yml), closed by the worker
+    first: CLOSE-WAIT to the very endpoint, but not llama-server's connection, which stays open."""
+    endpoint = f"127.0.0.1:{world['worker'].getsockname()[1]}"
+    master = llama_server(endpoint)
+    world["processes"].append(master)
+    (world["state"] / "mainpid").write_text(f"{master.pid}\n")
+    kept, _ = world["worker"].accept()
+    probe = socket.create_connection(world["worker"].getsockname())  # this test's process, not llama-server
+    world["worker"].accept()[0].close()
+    time.sleep(3.5)
+    for sock in (probe, kept):
+        sock.close()
+    assert restarts(world) == []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import (SERVER_PORT, ApiClients, assert_decommissioned, assert_refused_in_preflight, cmdline,
-                             connect, failure_messages, http_json, main_pid, measure_serving, option, recap,
-                             run_playbook, single_process_completion, wait_health)
+                             connect, drains, failure_messages, http_json, main_pid, measure_serving, monotonic, option,
+                             recap, run_playbook, single_process_completion, wait_health)
 from suite_report import figures
 
 MODELS = Path(os.environ["LLAMA_CACHE_DIR"]) / "models"
@@ -38,7 +38,8 @@ def sha256(path):
 
 # What a model change touches, as an operator applies it: the facts and every check always run; time sync, the
 # build and the firewall are left out (test_tags.py tests that tags select their parts, the converge runs them all).
-MODEL_PARTS = "models,workers,master,smoke"
+# The pre-fill fills the workers' caches with the new model's tensors before llama-server restarts onto it.
+MODEL_PARTS = "models,workers,prefill,master,smoke"
 
 
 def deploy(**extra):
@@ -51,7 +52,7 @@ def server_args(master):
 
 
 def restarts(output):
-    return output.count("RUNNING HANDLER [llama_server : Restart llama-server]")
+    return output.count("RUNNING HANDLER [llamacpp.rpc_cluster.llama_server : Restart llama-server]")
 
 
 def test_the_converged_model_is_a_verified_local_copy(master):
@@ -61,8 +62,9 @@ def test_the_converged_model_is_a_verified_local_copy(master):
     assert master.file(option(args, "-m")).sha256sum == digest
     manifest = json.loads(master.file(f"{STAGE_DIR}/manifest.json").content_string)
     assert manifest["sources"]["/srv/models/cluster.gguf"]["sha256"] == digest
-    # Local disk: llama.cpp's own loading (mmap), no --load-mode.
-    assert "--load-mode" not in args
+    # Local disk, but the workers hold layers: no mmap (llama_server_mmap auto), or the master's resident memory would
+    # hold the whole model while it streams them the weights.
+    assert option(args, "--load-mode") == "none"
 
 
 def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
@@ -78,7 +80,7 @@ def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
     assert restarts(output) == 1 and main_pid(master, "llama-server.service") != before
     args = server_args(master)
     assert option(args, "-m") == f"{STAGE_DIR}/{SMOLLM2_SHA256[:12]}/current.gguf"
-    assert "--load-mode" not in args
+    assert option(args, "--load-mode") == "none"  # the workers hold layers (llama_server_mmap auto)
     wait_health(master, SERVER_PORT)
     answer = http_json(master, SERVER_PORT, "/completion", FRANCE)
     assert "Paris" in answer["content"], answer["content"]
@@ -93,12 +95,18 @@ def test_a_model_on_the_share_is_staged_and_the_real_model_answers(master, nas):
 def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
     nas.check_output("cp /srv/nas/cluster.gguf /srv/nas/current.gguf.part && mv /srv/nas/current.gguf.part "
                      "/srv/nas/current.gguf")
-    with ApiClients(master) as clients:  # the front holds their requests through the restart
+    # The front holds their requests through the restart; the stream in flight when it drains ends whole.
+    with ApiClients(master, groups=(*ApiClients.GROUPS, ApiClients.STREAMS)) as clients:
+        since = monotonic(master)
         clients.event("site.yml: a new model at the same path")
         result, output = deploy(llama_model_path="/mnt/models/current.gguf")
     clients.report("clients through the front, a new model at the same path:")
     assert result.returncode == 0, output[-4000:]
     clients.assert_none_failed()
+    drained = drains(master, since)
+    clients.assert_streamed_through(drained)
+    figures("a model switch drains first", [f"  the drain took {drained[0][1] - drained[0][0]:.1f} s "
+                                           f"({drained[0][3]}), before the outage" if drained else "  no drain"])
     # Held, not hung: the restarts' work (stop within TimeoutStopSec, workers, model load) takes seconds here; a
     # request held as long as systemd's 90 s stop timeout (llama-server under load never ends on SIGTERM) fails this.
     assert max(clients.longest().values()) < 30, clients.longest()
@@ -119,8 +127,9 @@ def test_new_content_at_the_same_path_is_staged_and_served_once(master, nas):
 
 
 def test_direct_mode_reads_the_share_without_mmap(master, workers):
+    # A cap below the planned tensors: the pre-fill (which checks that the cap holds them) is off here.
     result, output = deploy(llama_model_path="/mnt/models/smollm2.gguf", llama_model_mode="direct",
-                            llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1,
+                            llama_model_sha256=SMOLLM2_SHA256, llama_rpc_cache_max_mib=1, llama_prefill_enabled=False,
                             llama_storage_ahead=[{"path": "/mnt/models/smollm2.gguf", "sha256": SMOLLM2_SHA256}])
     assert result.returncode == 0, output[-4000:]
     # Staged ahead (same content as current.gguf's first copy: that directory gets this name too).

@@ -1,9 +1,9 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
 that change nothing, a staged build that fails the gate, a master and a worker that fail in the switch and are
 rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server, protocol 7, --load-mode), the drift check, a no-op
-re-run, the cluster healing itself, a rollback on purpose, the README's rollback by hand, the builds' retention, an
-upgrade under tls and a fresh worker joining; the upgrade, the healing and the rollback under clients' requests (one
-asking every 0.5 s, 8 concurrent ones).
+re-run, the cluster healing itself, a rollback on purpose, the rollback by hand of docs/upgrades.md, the builds'
+retention, an upgrade under tls and a fresh worker joining; the upgrade, the healing and the rollback under clients'
+requests (one asking every 0.5 s, 8 concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -15,8 +15,8 @@ import time
 
 import pytest
 from cluster_helpers import (PROJECT, SERVER_PORT, ApiClients, assert_refused_in_preflight, cmdline, connect,
-                             container, failure_messages, http_json, main_pid, option, plays, recap, run_playbook,
-                             wait_health, wait_restarted)
+                             container, drains, failure_messages, http_json, main_pid, monotonic, option, plays, recap,
+                             run_playbook, wait_health, wait_restarted)
 
 OLD = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
 NEW = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
@@ -131,7 +131,7 @@ def test_a_master_that_never_serves_is_rolled_back(builder, node, before):
                f"Every node is back on {old['build_id']} ({OLD}) and the cluster serves" in message
                for message in failure_messages(output)), failure_messages(output)
     # Every node went to the one rescue together and was switched back.
-    assert re.search(r"^TASK \[llama_upgrade : Restore the saved build and units\]", output, re.M), output[-3000:]
+    assert re.search(r"^TASK \[llamacpp\.rpc_cluster\.llama_upgrade : Restore the saved build and units\]", output, re.M), output[-3000:]
     assert_serving(builder, node, old, before["answer"])
     # The new build stays staged beside the old one for the next try.
     assert len(builder.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split()) == 2
@@ -181,7 +181,10 @@ def clients(builder):
 
 
 def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, before):
-    with clients(builder) as asking:
+    """...under clients' requests, 400-token streams among them; the drain before the switch is reported beside the
+    outage, and the stream in flight when it began ends whole."""
+    with ApiClients(builder, key=None, groups=(*ApiClients.GROUPS, ApiClients.STREAMS)) as asking:
+        since = monotonic(builder)
         asking.event(f"upgrade.yml {OLD[:7]} -> {NEW[:7]}")
         result, output = upgrade()
         time.sleep(3)
@@ -192,9 +195,15 @@ def test_the_upgrade_switches_every_node_in_one_short_outage(builder, node, befo
     outage, load = map(float, re.search(r"Outage \(first node stopped -> /health 200\): ([\d.]+) s, of which the "
                                         r"model load \(llama-server started -> /health 200\) ([\d.]+) s",
                                         output).groups())
-    # Every client's requests were answered: the front held those sent during the switch.
-    asking.report(f"through the front (outage reported by the play {outage} s, of which the model load {load} s):")
+    drain = float(re.search(r"Before it, the drain \(requests in progress ended, new ones held\) took ([\d.]+) s",
+                            output).group(1))
+    # Every client's requests were answered: the front held those sent during the switch; every stream ended whole.
+    asking.report(f"through the front (drain {drain} s, then outage reported by the play {outage} s, of which the "
+                  f"model load {load} s):")
     asking.assert_none_failed()
+    drained = drains(builder, since)
+    assert drained, "upgrade.yml drained nothing: no llama-front-drain in the journal"
+    asking.assert_streamed_through(drained)
 
 
 def test_verify_names_a_node_switched_by_hand(node):
@@ -272,7 +281,9 @@ def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, befo
     old = before["builds"]["node"]
     assert f"Every node is back on {old['build_id']} and the cluster serves." in output
     assert_serving(builder, node, old, before["answer"])
-    assert "--no-mmap" not in cmdline(builder, main_pid(builder, "llama-server.service"))
+    # The old build's units: its flag for reading without mmap (the workers hold layers), not the new build's.
+    args = cmdline(builder, main_pid(builder, "llama-server.service"))
+    assert "--no-mmap" in args and "--load-mode" not in args
     # The units are those site.yml rendered for this build: site.yml (inventory: the old commit) changes nothing.
     again = run_playbook("site.yml")
     assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
@@ -292,10 +303,10 @@ def test_a_worker_only_change_reconnects_the_master(builder, node):
 
 
 def readme_rollback_by_hand():
-    """The commands of the README's "Rolling back by hand", in its order, each with where its comment (or its unit)
-    says it runs: (master|worker|every, command)."""
-    text = (PROJECT / "README.md").read_text()
-    block = re.search(r"\*\*Rolling back by hand\*\*.*?```sh\n(.*?)```", text, re.S).group(1).replace("\\\n", "")
+    """The commands of docs/upgrades.md's "Rolling back by hand", in its order, each with where its comment (or its
+    unit) says it runs: (master|worker|every, command)."""
+    text = (PROJECT / "docs" / "upgrades.md").read_text()
+    block = re.search(r"^## Rolling back by hand\n.*?```sh\n(.*?)```", text, re.S | re.M).group(1).replace("\\\n", "")
     steps = []
     for line in block.splitlines():
         command = line.split("  #", 1)[0].strip()
@@ -307,8 +318,8 @@ def readme_rollback_by_hand():
 
 
 def test_the_readme_s_rollback_by_hand_returns_to_the_replaced_build(builder, node, before):
-    """After an upgrade, the README's rollback by hand (for when Ansible cannot run), followed as written: the
-    replaced build serves again, and the units are those site.yml renders for it."""
+    """After an upgrade, the rollback by hand of docs/upgrades.md (for when Ansible cannot run), followed as written:
+    the replaced build serves again, and the units are those site.yml renders for it."""
     # The inventory's settings first (the test before changed one): the rollback point holds the units as they run.
     result = run_playbook("site.yml")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -395,7 +406,7 @@ def test_a_fresh_worker_joins_the_running_cluster_on_its_build(builder, node, be
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert build(joiner)["build_id"] == running["build_id"]
-    assert "TASK [llamacpp : Compile the shipped targets]" not in output
+    assert "TASK [llamacpp.rpc_cluster.llamacpp : Compile the shipped targets]" not in output
     endpoints = option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").split(",")
     assert len(endpoints) == 2 and joiner.service("llama-rpc-server.service").is_running
     assert ask(builder) == before["answer"]
