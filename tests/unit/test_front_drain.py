@@ -68,13 +68,30 @@ def run_dir(tmp_path):
     return tmp_path
 
 
-def drain(run_dir, *args, stall=15):
+def drain(run_dir, *args, stall=15, container=False):
+    """The drain as llama-server's unit runs it: UMask=0077; with `container`, as root without CAP_SYS_PTRACE (a
+    container's root: /proc/PID/fd of llama-server, another user's process, cannot be read)."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(DRAIN), *map(str, args)], capture_output=True, text=True, timeout=60,
+    prefix = ["setpriv", "--bounding-set=-sys_ptrace"] if container else []
+    done = subprocess.run([*prefix, sys.executable, str(DRAIN), *map(str, args)], capture_output=True, text=True,
+                          timeout=60, check=False, preexec_fn=lambda: os.umask(0o077),
                           env=dict(os.environ, LLAMA_FRONT_RUN_DIR=str(run_dir), LLAMA_FRONT_DRAIN_STALL=str(stall),
-                                   JOURNAL_STREAM="test"),  # as under systemd: stdout only, not this host's syslog
-                          check=False)
+                                   JOURNAL_STREAM="test"))  # as under systemd: stdout only, not this host's syslog
     return done, time.monotonic() - started
+
+
+def as_llama_server_user(container):
+    """preexec_fn for a stand-in llama-server: in a container's case, another user's process (nobody)."""
+    if not container:
+        return None
+    if os.geteuid() != 0:
+        pytest.skip("runs a process as another user: needs root")
+
+    def demote():
+        os.setgid(65534)
+        os.setuid(65534)
+
+    return demote
 
 
 def test_it_holds_new_requests_until_those_running_end(run_dir):
@@ -87,8 +104,10 @@ def test_it_holds_new_requests_until_those_running_end(run_dir):
     assert re.search(r"holding new requests; 2 running \(the gate held after 0\.\d s\), waiting up to 30 s",
                      done.stdout), done.stdout
     assert "drained in" in done.stdout and took < 5
-    # Without a PID (upgrade.yml, before its switch) the front keeps holding: the file stays, with its end.
+    # Without a PID (upgrade.yml, before its switch) the front keeps holding: the file stays, with its end, readable
+    # by the front's user although llama-server's unit has UMask=0077 (the gate, unable to read it, held nothing).
     assert int((run_dir / "drain").read_text().split()[0]) >= time.time() + 30
+    assert (run_dir / "drain").stat().st_mode & 0o777 == 0o644
     assert (run_dir / "drain.held").read_text() == (run_dir / "drain").read_text()  # counted once the gate held
     done, _ = drain(run_dir, "--end")
     assert done.returncode == 0 and not (run_dir / "drain").exists() and not (run_dir / "drain.held").exists()
@@ -198,20 +217,22 @@ def test_a_llama_server_that_ends_by_itself_ends_the_wait(run_dir):
     assert done.returncode == 0 and took < 5, (took, done.stdout)
 
 
-def test_a_worker_that_closed_its_connection_ends_the_wait_at_once(run_dir):
+@pytest.mark.parametrize("container", [False, True], ids=["host", "container"])
+def test_a_worker_that_closed_its_connection_ends_the_wait_at_once(run_dir, container):
     """llama-server's connection to a worker (--rpc) is closed by the worker (restarted before llama-server): the
     socket is in CLOSE-WAIT, and the request llama-server runs can never end. The drain stops waiting at once."""
     worker = socket.create_server(("127.0.0.1", 0))
     endpoint = f"127.0.0.1:{worker.getsockname()[1]}"
     code = ("import socket, sys, time; s = socket.create_connection(('127.0.0.1', int(sys.argv[-1].split(':')[1])));"
             " print('ready', flush=True); time.sleep(300)")
-    server = subprocess.Popen([sys.executable, "-c", code, "--rpc", endpoint], stdout=subprocess.PIPE)
+    server = subprocess.Popen([sys.executable, "-c", code, "--rpc", endpoint], stdout=subprocess.PIPE,
+                              preexec_fn=as_llama_server_user(container))
     assert server.stdout.readline() == b"ready\n"
     accepted, _ = worker.accept()
     accepted.close()  # the worker restarts
     admin = Admin(run_dir / "admin.sock", [1])
     try:
-        done, took = drain(run_dir, 30, server.pid)
+        done, took = drain(run_dir, 30, server.pid, container=container)
     finally:
         admin.close()
         server.kill()
@@ -233,19 +254,21 @@ def test_a_front_that_does_not_answer_once_is_not_taken_for_nothing_running(run_
     assert waited and float(waited.group(1)) >= 1.5, done.stdout  # 20 answers of `show stat`, 0.1 s apart
 
 
-def test_another_process_s_connection_closed_by_a_worker_is_not_llama_server_s(run_dir):
-    """A probe of the worker's port, by another process, left in CLOSE-WAIT: llama-server's own connection is fine,
-    and its request is waited for."""
+@pytest.mark.parametrize("container", [False, True], ids=["host", "container"])
+def test_another_process_s_connection_closed_by_a_worker_is_not_llama_server_s(run_dir, container):
+    """A probe of the worker's port, by another process (root's, as status.yml's), left in CLOSE-WAIT: llama-server's
+    own connection is fine, and its request is waited for."""
     worker = socket.create_server(("127.0.0.1", 0))
     endpoint = f"127.0.0.1:{worker.getsockname()[1]}"
     probe = socket.create_connection(("127.0.0.1", worker.getsockname()[1]))  # this test's, not llama-server's
     accepted, _ = worker.accept()
     accepted.close()
-    server = subprocess.Popen([sys.executable, "-c", IDLE, "--rpc", endpoint], stdout=subprocess.PIPE)
+    server = subprocess.Popen([sys.executable, "-c", IDLE, "--rpc", endpoint], stdout=subprocess.PIPE,
+                              preexec_fn=as_llama_server_user(container))
     assert server.stdout.readline() == b"ready\n"
     admin = Admin(run_dir / "admin.sock", [1] * 15 + [0], growth=100)
     try:
-        done, _ = drain(run_dir, 30, server.pid, stall=5)
+        done, _ = drain(run_dir, 30, server.pid, stall=5, container=container)
     finally:
         admin.close()
         server.kill()

@@ -8,11 +8,12 @@ its `--rpc` endpoint; the test closes the far end, as a killed worker does."""
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs llama-server's stand-in as another user: needs root")
 
 SCRIPT = ROOT / "roles" / "llama_server" / "files" / "llama-server-watch"
 
@@ -34,10 +35,15 @@ time.sleep(600)
 
 def llama_server(endpoint, delay=0):
     """A process whose command line is llama-server's (argv[0] .../llama-server, then --rpc ENDPOINT) after `delay`
-    seconds under another one (bash's, without the endpoint), as systemd's child is before its exec."""
+    seconds under another one (bash's, without the endpoint), as systemd's child is before its exec; as the service
+    user does, it runs as a user of its own (nobody; the watch and the tests' probes are root's)."""
+    def demote():
+        os.setgid(65534)
+        os.setuid(65534)
+
     return subprocess.Popen(["bash", "-c", 'sleep "$DELAY"; exec -a /opt/llama.cpp/current/bin/llama-server '
-                             '"$PYTHON" -c "$CODE" --rpc "$ENDPOINT" --port 8081'],
-                            env=dict(os.environ, DELAY=str(delay), PYTHON=sys.executable, CODE=LLAMA_SERVER,
+                             '"$PYTHON" -c "$CODE" --rpc "$ENDPOINT" --port 8081'], preexec_fn=demote, cwd="/",
+                            env=dict(os.environ, DELAY=str(delay), PYTHON="/usr/bin/python3", CODE=LLAMA_SERVER,
                                      ENDPOINT=endpoint))
 
 
@@ -99,8 +105,8 @@ def test_other_connections_closed_by_their_peer_are_not_a_worker_gone(world):
 
 
 def test_another_process_s_connection_to_a_worker_closed_by_it_is_not_llama_server_s(world):
-    """A probe of the worker's port by another process (llama-wait-workers, status.yml), closed by the worker
-    first: CLOSE-WAIT to the very endpoint, but not llama-server's connection, which stays open."""
+    """A probe of the worker's port by another user's process (status.yml's, root's), closed by the worker first:
+    CLOSE-WAIT to the very endpoint, but not llama-server's connection, which stays open."""
     endpoint = f"127.0.0.1:{world['worker'].getsockname()[1]}"
     master = llama_server(endpoint)
     world["processes"].append(master)
