@@ -490,7 +490,7 @@ class ApiClients:
         request sent after it."""
         rows = {}
         for name, requests in self.results.items():
-            window = [r for r in requests if since <= r[0] < until or r[0] < since < r[0] + r[1]]
+            window = [r for r in requests if since <= r[0] < until] + self.in_flight(name, since)
             latencies = sorted(r[1] for r in window) or [0.0]
             answered = [r[0] + r[1] - since for r in window if r[2] == 200 and not r[3] and r[0] >= since]
             rows[name] = {"requests": len(window), "failed": sum(1 for r in window if r[2] != 200 or r[3]),
