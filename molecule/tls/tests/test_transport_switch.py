@@ -2,22 +2,36 @@
 certificate or TLS unit stays on any host); the same greedy output either way, and no request of clients asking
 through the front during the switch to tls fails. Measures, on the same containers, the model load (llama-server
 start to /health 200) and the decode speed of a 64-token completion with plain and with tls, and prints them side
-by side."""
+by side. The workers' restarts of a switch wait for the master play, llama-server stopped (its drain) first
+(playbooks/workers.yml); a restart a run deferred and never made is made by the next run."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
-from cluster_helpers import RPC_PORT, ApiClients, address, measure_serving, option, run_playbook
+from cluster_helpers import RPC_PORT, ApiClients, address, main_pid, measure_serving, option, run_playbook
 from suite_report import figures
 from tls_helpers import cluster_completion, local_endpoints, network_endpoints, server_args
 
 REPORT = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "tls-vs-plain.json"
+DEFERRED = "/run/llama-rpc-deferred"
+SWITCH_TASK = ("TASK [llamacpp.rpc_cluster.llama_server : Restart the workers' deferred units, in the order each "
+               "listed them]")
+
+
 def converge(*args):
     result = run_playbook("site.yml", *args)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def switched(output):
+    """The workers whose units the master's switch restarted in this run (their deferred restarts)."""
+    section = output.split(SWITCH_TASK, 1)[1].split("TASK [", 1)[0] if SWITCH_TASK in output else ""
+    return sorted(re.findall(r"changed: \[master -> [^\]]*\] => \(item=([\w.-]+)\)", section))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +51,7 @@ def measured(master, workers):
     found["plain_output"] = cluster_completion(master)["content"]
     with ApiClients(master) as clients:
         clients.event("site.yml: plain -> tls")
-        converge()
+        found["switch_output"] = converge()
     clients.report("clients through the front:")
     found["switch_failed"] = clients.failed()
     found["back_args"] = server_args(master)
@@ -54,8 +68,26 @@ def test_switch_to_plain_removes_the_tls_layer(measured, workers):
     assert all(left == [] for left in measured["plain_tls_files"].values()), measured["plain_tls_files"]
 
 
-def test_no_request_fails_during_the_switch_to_tls(measured):
+def test_no_request_fails_during_the_switch_to_tls(measured, workers):
     assert all(failed == [] for failed in measured["switch_failed"].values()), measured["switch_failed"]
+    # The workers' new units started at the master's switch, llama-server stopped first, not in the workers play.
+    assert switched(measured["switch_output"]) == sorted(workers), measured["switch_output"][-4000:]
+    for worker in workers.values():
+        assert not worker.file(DEFERRED).exists
+
+
+def test_a_restart_a_failed_run_deferred_is_made_by_the_next(measured, master, workers):
+    """A run that ended between the workers play and the master's switch leaves its deferred restarts written down
+    on the worker (planted here as such a run leaves them): the next run makes them, at its own switch, and the
+    cluster serves."""
+    worker = workers["worker1"]
+    before = main_pid(worker, "llama-rpc-server.service")
+    worker.check_output(f"echo llama-rpc-server.service > {DEFERRED}")
+    output = converge("--tags", "workers,master")
+    assert switched(output) == ["worker1"], output[-4000:]
+    assert main_pid(worker, "llama-rpc-server.service") != before
+    assert not worker.file(DEFERRED).exists
+    assert cluster_completion(master)["content"] == measured["tls_output"]
 
 
 def test_switch_back_to_tls(measured, master, workers):

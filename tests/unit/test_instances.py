@@ -1,0 +1,134 @@
+"""llama_instances and llama_instance_shares: several llama-server instances from one inventory. Today's inventory is
+one instance; every bad input named in issue 44 is an error naming the instance, the variable and the fix."""
+
+import re
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_instances import llama_instance_shares, llama_instances
+
+SINGLE = {"model_path": "/srv/models/a.gguf", "model_sha256": "ab" * 32, "port": 8081, "ctx_size": 4096,
+          "parallel": 2, "tensor_split": [], "split_strategy": "memory", "reserve_fraction": 0.15}
+WORKERS = ["w1", "w2", "w3"]
+HOSTS = {"m": {"reserved": {8080: "the API front (llama_server_port)"}}, "w1": {"rpc_port": 50052},
+         "w2": {"rpc_port": 50052}, "w3": {"rpc_port": 50060}}
+
+
+def instances(declared, hosts=HOSTS):
+    return llama_instances(declared, SINGLE, "m", WORKERS, hosts)
+
+
+def fails(declared, pattern, hosts=HOSTS):
+    with pytest.raises(AnsibleFilterError) as error:
+        instances(declared, hosts)
+    assert re.search(pattern, str(error.value)), str(error.value)
+
+
+TWO = [{"name": "chat", "model_path": "/srv/models/a.gguf", "workers": ["w1", "w2"]},
+       {"name": "code", "model_path": "/srv/models/b.gguf", "workers": ["w2", {"host": "w3", "devices": ["CUDA0"]}],
+        "ctx_size": 8192, "default": True}]
+
+
+def test_todays_inventory_is_one_instance_over_every_worker():
+    (one,) = instances([])
+    assert one["name"] == "default" and one["default"] and one["replicas"] == ["default"]
+    assert one["model_path"] == SINGLE["model_path"] and one["model_sha256"] == SINGLE["model_sha256"]
+    assert one["master"] == "m" and one["port"] == 8081 and one["ctx_size"] == 4096
+    # Each worker's own llama_rpc_port, as today.
+    assert one["workers"] == [{"host": "w1", "devices": [], "rpc_port": 50052},
+                              {"host": "w2", "devices": [], "rpc_port": 50052},
+                              {"host": "w3", "devices": [], "rpc_port": 50060}]
+    assert instances(None) == instances([])
+
+
+def test_two_models_get_their_own_ports_and_settings():
+    chat, code = instances(TWO)
+    assert (chat["port"], code["port"]) == (8081, 8082)
+    assert [worker["rpc_port"] for worker in chat["workers"]] == [50052, 50052]
+    assert [worker["rpc_port"] for worker in code["workers"]] == [50053, 50061]
+    assert code["workers"][1]["devices"] == ["CUDA0"]
+    assert (chat["ctx_size"], code["ctx_size"]) == (4096, 8192)
+    assert not chat["default"] and code["default"]
+    assert chat["served_name"] == "chat" and chat["replicas"] == ["chat"]
+    assert chat["model_sha256"] == ""  # an instance's checksum is its own, never the cluster's
+
+
+def test_instances_serving_one_name_are_replicas_and_the_first_is_the_default():
+    declared = [{"name": "a", "model_path": "/m.gguf", "served_name": "smollm2", "workers": ["w1"]},
+                {"name": "b", "model_path": "/m.gguf", "served_name": "smollm2", "workers": ["w2"]}]
+    first, second = instances(declared)
+    assert first["replicas"] == second["replicas"] == ["a", "b"]
+    assert first["default"] and not second["default"]
+
+
+def test_two_instances_claiming_one_port_on_one_host():
+    declared = [dict(TWO[0], rpc_port=50070), dict(TWO[1], rpc_port=50070)]
+    fails(declared, r"instance 'code': port 50070 on w2 \(llama_instances\[1\]\.rpc_port\) is taken by instance "
+                    r"'chat' \(llama_instances\[0\]\.rpc_port\): set llama_instances\[1\]\.rpc_port to another port")
+    fails([dict(TWO[0], port=9000), dict(TWO[1], port=9000)],
+          r"instance 'code': port 9000 on m \(llama_instances\[1\]\.port\) is taken by instance 'chat'")
+
+
+def test_an_instance_on_a_port_the_host_uses_already():
+    fails([dict(TWO[0], port=8080)], r"instance 'chat': port 8080 on m \(llama_instances\[0\]\.port\) is taken by the "
+                                     r"API front \(llama_server_port\): set llama_instances\[0\]\.port")
+
+
+def test_an_instance_without_a_model():
+    fails([{"name": "chat", "workers": ["w1"]}],
+          r"instance 'chat' \(llama_instances\[0\]\) has no model_path: set llama_instances\[0\]\.model_path")
+
+
+def test_two_instances_with_one_name():
+    fails([TWO[0], dict(TWO[1], name="chat")],
+          r"llama_instances\[1\]: the name 'chat' is taken by llama_instances\[0\]: give each instance its own name")
+
+
+@pytest.mark.parametrize("declared, pattern", [
+    ([{"name": "Chat!", "model_path": "/a"}], r"llama_instances\[0\]\.name must be a short lower-case name"),
+    ([{"name": "chat", "model_path": "/a", "workers": ["w9"]}],
+     r"llama_instances\[0\]\.workers\[0\] names 'w9', which is not in llama_workers \(w1, w2, w3\)"),
+    ([{"name": "chat", "model_path": "/a", "workers": ["w1", {"host": "w1"}]}], r"names 'w1' twice"),
+    ([{"name": "chat", "model_path": "/a", "workers": []}], r"must list the hosts of llama_workers"),
+    ([{"name": "chat", "model_path": "/a", "master": "elsewhere"}],
+     r"instance 'chat' \(llama_instances\[0\]\): master 'elsewhere' is not a host of llama_master or llama_workers"),
+    ([{"name": "chat", "model_path": "/a", "ctx": 4096}], r"llama_instances\[0\] has unknown key\(s\) ctx"),
+    ([{"name": "chat", "model_path": "/a", "port": 70000}], r"llama_instances\[0\]\.port must be a TCP port"),
+    ([dict(TWO[0], default=True), TWO[1]], r"'chat', 'code' all say default: true"),
+    ("chat", r"llama_instances must be a list of instances"),
+])
+def test_bad_input_is_named(declared, pattern):
+    fails(declared, pattern)
+
+
+DEVICES = {"w1": ["CUDA0", "CUDA1"], "w2": ["CPU"], "w3": ["CUDA0", "Vulkan0"]}
+
+
+def test_a_shared_device_is_split_evenly_unless_the_host_says():
+    chat, code = instances(TWO)
+    shares = llama_instance_shares([chat, code], DEVICES)
+    assert shares["chat"] == {"w1": {"CUDA0": 1.0, "CUDA1": 1.0}, "w2": {"CPU": 0.5}}
+    assert shares["code"] == {"w2": {"CPU": 0.5}, "w3": {"CUDA0": 1.0}}
+    shares = llama_instance_shares([chat, code], DEVICES, {"w2": {"code": 0.75}})
+    assert (shares["chat"]["w2"]["CPU"], shares["code"]["w2"]["CPU"]) == (0.25, 0.75)
+
+
+def test_a_device_given_beyond_its_memory():
+    with pytest.raises(AnsibleFilterError, match=r"w2: device CPU is given to 'chat', 'code' beyond its memory \(their "
+                                                 r"llama_instance_shares add up to 1\.2\): lower the shares"):
+        llama_instance_shares(instances(TWO), DEVICES, {"w2": {"chat": 0.6, "code": 0.6}})
+    with pytest.raises(AnsibleFilterError, match=r"add up to 1, and 'chat' get nothing"):
+        llama_instance_shares(instances(TWO), DEVICES, {"w2": {"code": 1.0}})
+
+
+def test_an_unknown_instance_named_in_a_hosts_variables():
+    with pytest.raises(AnsibleFilterError, match=r"w1: llama_instance_shares names the instance 'chta', which "
+                                                 r"llama_instances does not declare \(chat, code\)"):
+        llama_instance_shares(instances(TWO), DEVICES, {"w1": {"chta": 0.5}})
+
+
+def test_a_device_the_worker_does_not_have():
+    with pytest.raises(AnsibleFilterError, match=r"instance 'code': w3 has no device CUDA1"):
+        llama_instance_shares(instances([TWO[0], dict(TWO[1], workers=[{"host": "w3", "devices": ["CUDA1"]}])]),
+                              DEVICES)
