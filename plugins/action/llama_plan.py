@@ -24,8 +24,49 @@ INVENTORY_NAMES = {
 }
 
 
+def shared(workers, shares):
+    """The workers as one instance sees them (llama_instance_shares' {host: {device: fraction}} for it): only the
+    devices it uses, each with its part of the device's memory. A host without an entry is taken whole."""
+    seen = []
+    for worker in workers:
+        parts = (shares or {}).get(worker["host"])
+        if parts is not None:
+            worker = dict(worker, devices=[dict(device, memory_mib=int(int(device["memory_mib"]) * part))
+                                           for device in worker.get("devices") or []
+                                           for part in [parts.get(device["name"])] if part is not None])
+        seen.append(worker)
+    return seen
+
+
+class InstanceError(AnsibleFilterError):
+    """A planning error of one instance: its message names the instance and the parts of shared devices it had."""
+
+    def __init__(self, error, instance, parts):
+        self.error, self.prefix = error, f"instance {instance!r}: "
+        self.suffix = (f" (its parts of shared devices: {', '.join(parts)}; a host's llama_instance_shares sets them)"
+                       if parts else "")
+        super().__init__(self.render({}))
+
+    def render(self, names):
+        message = self.error.render(names) if hasattr(self.error, "render") else self.error.message
+        return f"{self.prefix}{message}{self.suffix}"
+
+
 def plan(host, args):
     """The planning result for `args` (see plugins/modules/llama_plan.py); raises AnsibleFilterError."""
+    instance = args.get("instance")
+    if not instance:
+        return _plan(host, args)
+    shares = args.get("shares") or {}
+    parts = [f"{worker} {device} {fraction:.0%}" for worker, devices in shares.items()
+             for device, fraction in devices.items() if fraction < 1]
+    try:
+        return _plan(host, dict(args, workers=shared(args.get("workers") or [], shares)))
+    except AnsibleFilterError as error:
+        raise InstanceError(error, instance, parts) from None
+
+
+def _plan(host, args):
     if args.get("workers") is not None:
         workers = list(args["workers"])
         devices = llama_device_order(workers, args.get("local_devices") or [], bool(args.get("master_is_worker")), host)

@@ -53,6 +53,18 @@ options:
     type: list
     elements: raw
     default: []
+  instance:
+    description: >-
+      The instance planned (C(llama_instances)' name): its errors start with it. Empty for the cluster's one
+      llama-server.
+    type: str
+    default: ""
+  shares:
+    description: >-
+      The instance's part of each worker device (C(llama_instance_shares)' entry for it, C({host: {device:
+      fraction}})): a host named here offers only those devices, each with that part of its memory_mib.
+    type: dict
+    default: {}
   names:
     description: How error messages call each input (C(ctx_size), C(reserve_fraction), C(strategy), C(tensor_split), C(devices), C(model)).
     type: dict

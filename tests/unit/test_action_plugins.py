@@ -191,3 +191,21 @@ def test_a_port_out_of_range_fails_the_variable_checks_with_the_fix():
     [message] = check({"llama_rpc_port": "70000"})  # a string from the command line: converted, then bounded
     assert message.startswith("worker1: llama_rpc_port must be a port number 1-65535, got 70000. llama_rpc_port: ")
     assert message.endswith("Fix it in the inventory (roles/llama_rpc/README.md).")
+
+
+def test_an_instance_plans_within_its_part_of_shared_devices():
+    """A device shared by two instances (llama_instance_shares): each plans within its part, and only on the
+    devices it uses; an error names the instance and its parts."""
+    workers = [dict(WORKERS[0], devices=[{"name": "CUDA0", "memory_mib": 1024, "kind": "gpu"},
+                                         {"name": "CUDA1", "memory_mib": 1024, "kind": "gpu"}]), WORKERS[1]]
+    result = plan_action.plan("master", {"workers": workers, "model": MODEL, "instance": "chat",
+                                         "shares": {"worker1": {"CUDA1": 0.5}}})
+    assert [(device["name"], device["local_name"], device["memory_mib"]) for device in result["devices"]] == [
+        ("RPC0", "CUDA1", 512), ("RPC1", "CPU", 1024)]
+    with pytest.raises(AnsibleFilterError) as caught:
+        plan_action.plan("master", {"workers": workers, "model": dict(MODEL, layer_bytes=2**30), "instance": "chat",
+                                    "shares": {"worker1": {"CUDA1": 0.5}}})
+    message = caught.value.render(plan_action.INVENTORY_NAMES)
+    assert message.startswith("instance 'chat': model needs "), message
+    assert "short by" in message and message.endswith(
+        "(its parts of shared devices: worker1 CUDA1 50%; a host's llama_instance_shares sets them)"), message
