@@ -11,7 +11,8 @@ cluster's master by molecule/cluster/tests/test_front.py, on this machine by tes
 - --loading SECONDS: from the first completion on, every request (/health too) is answered 503 "Loading model" for
   that long, as a llama-server that has just restarted does in the instant after the old one's last 200.
 - While `down`, every request is answered 503 "Loading model".
-- GET /seen: the requests it got, by path. POST /control {"down": bool, "slow": seconds}: sets those.
+- GET /seen: the requests it got, by path. GET /ended: when it last finished answering a completion (this host's
+  monotonic clock, s), or null. POST /control {"down": bool, "slow": seconds}: sets those.
 Standard library only (the containers have python3 and nothing else)."""
 
 import argparse
@@ -29,6 +30,7 @@ class State:
         self.loading, self.began = loading, None
         self.down, self.slow, self.failed_until = False, 2.0, 0.0
         self.seen, self.lock = collections.Counter(), threading.Lock()
+        self.ended = None  # when the last completion's answer was written (time.monotonic())
 
     def unready(self, completion):
         """Whether to answer 503 "Loading model" now."""
@@ -52,6 +54,8 @@ def handler(state):
             if self.path == "/seen":
                 with state.lock:
                     return self.reply(200, dict(state.seen))
+            if self.path == "/ended":
+                return self.reply(200, state.ended)
             if state.unready(False) or time.monotonic() < state.failed_until:
                 return self.reply(503, LOADING)
             return self.reply(200, {"status": "ok"})
@@ -72,7 +76,10 @@ def handler(state):
                 return None
             if body.get("prompt") == "slow":
                 time.sleep(state.slow)
-            return self.reply(200, {"content": " Paris", "tokens_predicted": 1})
+            self.reply(200, {"content": " Paris", "tokens_predicted": 1})
+            self.wfile.flush()
+            state.ended = time.monotonic()
+            return None
 
         def log_message(self, *args):
             pass

@@ -28,14 +28,19 @@ class Admin:
         self.server.listen(8)
         self.run_dir, self.closed = Path(path).parent, False
         threading.Thread(target=self.serve, daemon=True).start()
-        threading.Thread(target=self.gate, daemon=True).start()
+        self.gating = threading.Thread(target=self.gate, daemon=True)
+        self.gating.start()
 
     def gate(self):
-        """The gate's part: the drain file's line written to drain.held once it holds (every 0.2 s, as its task)."""
+        """The gate's part: the drain file's line written to drain.held once it holds (read every 0.2 s, as its
+        task; written once per line, as the gate does)."""
+        held = None
         while not self.closed:
             try:
                 line = (self.run_dir / "drain").read_text().splitlines()[0]
-                (self.run_dir / "drain.held").write_text(f"{line}\n")
+                if line != held:
+                    (self.run_dir / "drain.held").write_text(f"{line}\n")
+                    held = line
             except (OSError, IndexError):
                 pass
             time.sleep(0.2)
@@ -61,6 +66,7 @@ class Admin:
     def close(self):
         self.closed = True
         self.server.close()
+        self.gating.join()
 
 
 @pytest.fixture
