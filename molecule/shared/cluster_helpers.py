@@ -257,10 +257,20 @@ def journal_tail(host, units, lines=40):
     return text(host.run(f"journalctl --no-pager -o short-precise {selected} | grep -v -E {debug} | tail -n {lines}"))
 
 
-def drains(host, since):
+def drains(host, since, wait=30):
     """The front's drains (llama-front-drain: llama-server's ExecStop, upgrade.yml's) in the journal of `host` since
     `since` (its monotonic clock, s): [(start, end, requests running once the gate held, how it ended)]; the start is
-    when the drain began, before its gate held."""
+    when the drain began, before its gate held. Every caller expects one: read again for up to `wait` s while none is
+    there (journald reads a unit's output when it gets the CPU, seconds later on a loaded host)."""
+    deadline = time.monotonic() + wait
+    found = _drains(host, since)
+    while not found and time.monotonic() < deadline:
+        time.sleep(2)
+        found = _drains(host, since)
+    return found
+
+
+def _drains(host, since):
     found, start = [], None
     for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
         entry = json.loads(line)

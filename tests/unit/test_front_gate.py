@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "llama_front"
 KEY = "test-key-0a1b2c"
-HOLD = 8
+HOLD = 16  # three failures of the stand-in (3 s of 503 after each) fit in it, on a loaded machine too
 
 
 def free_port():
@@ -159,7 +159,7 @@ def test_a_held_request_waits_for_llama_server_then_503_with_retry_after(front):
     time.sleep(0.5)
 
 
-def test_only_generation_requests_are_sent_again_and_never_a_third_time(front):
+def test_only_generation_requests_are_sent_again_and_never_a_fourth_time(front):
     before = seen(front["internal"])
     answer = ask(front["port"], "/slots/0?action=erase", {})
     assert answer[0] == 502 and "not sent again" in message(answer), answer
@@ -168,13 +168,13 @@ def test_only_generation_requests_are_sent_again_and_never_a_third_time(front):
     time.sleep(0.25)
     started = time.monotonic()
     answer = ask(front["port"], "/completion", {"prompt": "fail"})
-    assert answer[0] == 502 and "failed twice in a row" in message(answer), answer
-    assert time.monotonic() - started < 15
+    assert answer[0] == 502 and "failed three times in a row" in message(answer), answer
+    assert time.monotonic() - started < HOLD
     time.sleep(3.5)
     assert ask(front["port"], "/completion", {"prompt": "The capital of France is"})[0] == 200
     after = seen(front["internal"])
     got = {path: count - before.get(path, 0) for path, count in after.items() if count != before.get(path, 0)}
-    assert got == {"/slots/0": 1, "/completion": 3}, got
+    assert got == {"/slots/0": 1, "/completion": 4}, got  # the failing one three times, the good one once
 
 
 def drain(front, *args):

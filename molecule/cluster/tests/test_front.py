@@ -2,7 +2,7 @@
 not errors, while llama-server or a worker restarts, while site.yml restarts llama-server and reloads the front;
 a request that meets a llama-server still loading is held until it serves; a stream cut by a crash ends in an error
 the client sees; a stream in flight through a planned restart ends whole (the drain); only generation requests are
-sent again, never a third time; a request without the key is refused at once, never held; /health is never held.
+sent again, never a fourth time; a request without the key is refused at once, never held; /health is never held.
 (The API key through the front: test_security.py, whose requests all go through it. The hold's end, 503 with
 Retry-After, on this front's configuration: tests/unit/test_front_gate.py.)"""
 
@@ -210,10 +210,10 @@ def test_health_is_not_held_and_says_when_to_try_again(master, stopped):
     assert time.monotonic() - started < 3
 
 
-def test_only_generation_requests_are_sent_again_and_one_failing_twice_is_not(master):
+def test_only_generation_requests_are_sent_again_and_one_failing_three_times_is_not(master):
     """A request that is not a generation (/slots/0?action=erase) is sent once: llama-server failing while it runs
     it is its client's 502, saying it may have taken effect. A generation is sent again after a failure, but one in
-    flight at two failures in a row is not sent a third time: its client gets a 502 that says why, and every other
+    flight at three failures in a row is not sent a fourth time: its client gets a 502 that says why, and every other
     client is served meanwhile. (molecule/shared/stand_in.py on llama-server's port: no request of the pinned trees
     is known to crash llama-server.)"""
     with stand_in(master, INTERNAL_PORT):
@@ -221,11 +221,11 @@ def test_only_generation_requests_are_sent_again_and_one_failing_twice_is_not(ma
         status, text = http(master, SERVER_PORT, "/slots/0?action=erase", {}, timeout=60)
         assert status == 502 and "not sent again" in json.loads(text)["error"]["message"], (status, text)
         status, text = http(master, SERVER_PORT, "/completion", {"prompt": "fail"}, timeout=60)
-        assert status == 502 and "failed twice in a row" in json.loads(text)["error"]["message"], (status, text)
+        assert status == 502 and "failed three times in a row" in json.loads(text)["error"]["message"], (status, text)
         status, text = http(master, SERVER_PORT, "/completion", {"prompt": "The capital of France is"}, timeout=60)
         assert status == 200, (status, text)
         seen = json.loads(http(master, INTERNAL_PORT, "/seen", key=None)[1])
-    assert seen == {"/slots/0": 1, "/completion": 3}, seen  # the failing one twice, the good one once
+    assert seen == {"/slots/0": 1, "/completion": 4}, seen  # the failing one three times, the good one once
     wait_health(master, SERVER_PORT)
 
 

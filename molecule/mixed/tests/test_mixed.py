@@ -192,8 +192,10 @@ def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
     began = time.monotonic()
     result = run_playbook("site.yml", "-e", json.dumps(bad), inventory=inventory, timeout=1200)
     output = " ".join((result.stdout + result.stderr).split())
-    assert result.returncode != 0 and re.search(r"llama-server\.service exited 3 times in \d+ s since the wait for "
-                                                r"http://\S+/health began", output), output[-4000:]
+    # At least 3 exits (the wait gives up at the third; a loaded host may see one more before it reads the count).
+    exits = re.search(r"llama-server\.service exited (\d+) times in \d+ s since the wait for http://\S+/health began",
+                      output)
+    assert result.returncode != 0 and exits and int(exits.group(1)) >= 3, output[-4000:]
     assert "--no-such-flag" in output and time.monotonic() - began < 500, output[-4000:]
     result = run_playbook("site.yml", "-e", json.dumps(settings), inventory=inventory, timeout=1200)
     output = result.stdout + result.stderr
