@@ -361,10 +361,13 @@ def stop_server_on(host, port):
 
 def single_process_completion(master, model, body, port=18181):
     """`body` answered by a llama-server of one process (no RPC) on the master, started for the request on
-    `port` with the cluster's model, as the service user."""
+    `port` with the cluster's model, as the service user, read without mmap (--load-mode none from 0c1e570 on,
+    --no-mmap before)."""
+    binary = "/opt/llama.cpp/current/bin/llama-server"
     started = master.run(
-        f"runuser -u llama -- timeout 300 /opt/llama.cpp/current/bin/llama-server -m {model} -c 2048 -t 1 "
-        f"--host 127.0.0.1 --port {port} --load-mode none > /tmp/single.log 2>&1 & echo $!")
+        f"if {binary} --help 2>&1 | grep -q -- --load-mode; then read='--load-mode none'; else read=--no-mmap; fi; "
+        f"runuser -u llama -- timeout 300 {binary} -m {model} -c 2048 -t 1 "
+        f"--host 127.0.0.1 --port {port} $read > /tmp/single.log 2>&1 & echo $!")
     assert started.rc == 0
     try:
         wait_health(master, port)

@@ -1,5 +1,6 @@
 """`site.yml --check --diff` works: on fresh hosts (run by prepare.yml, before the converge) it passes the
-checks and reports what would change; on the converged cluster it changes nothing and reports nothing."""
+checks and reports what would change; on the converged cluster it changes nothing and reports nothing, whatever
+Debian 12 point release a host is on."""
 
 import json
 import os
@@ -41,5 +42,13 @@ def test_fresh_check_names_what_the_build_and_units_would_do():
         assert "Report the unit check mode cannot render yet" in changed[worker]
 
 
-def test_converged_cluster_reports_no_change():
-    assert_check_changes_nothing()
+def test_converged_cluster_reports_no_change_with_a_host_on_another_point_release(workers):
+    """A point update (worker1 made to say 12.1 in /etc/debian_version) changes no build either: the build id names
+    the release, so nothing is planned on any host (it named the point release, and planned a compilation for worker1
+    alone)."""
+    worker = workers["worker1"]
+    worker.check_output("cp -a /etc/debian_version /root/debian_version.saved && echo 12.1 > /etc/debian_version")
+    try:
+        assert_check_changes_nothing()
+    finally:
+        worker.check_output("mv /root/debian_version.saved /etc/debian_version")

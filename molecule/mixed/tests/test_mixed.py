@@ -1,8 +1,10 @@
 """A cluster across Debian releases: a Debian 12 master and worker1, a Debian 13 worker2 behind mutual TLS. One
-commit and one RPC protocol in two build groups, each compiled once on its release; the split planned over both
+commit and one RPC protocol in two build groups, each compiled once per suite on its release (Debian 12's builds are
+the artifacts of the upgrade and cluster scenarios: only trixie compiles here); the split planned over both
 workers answers as one process does; the firewall admits only the master on both releases; bad input named before
 any change (a host without iproute2, a builder outside its release's group, a Vulkan SDK that trixie does not need);
-then upgrade.yml moves all three nodes in lockstep under clients' requests, showing the compilation's progress. Last,
+then upgrade.yml moves all three nodes in lockstep from protocol 4 to 7 under clients' requests, showing the
+compilation's progress. Last,
 worker2 becomes the master of worker1: the master's roles (the model, llama-server, the front, the exporters, the
 monitor, the link check) run on Debian 13.
 
@@ -22,11 +24,15 @@ from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, ApiClients, address
                              http_json, link_rows, placement, prometheus_query, run_playbook,
                              single_process_completion, tcp_connects, wait_health)
 
-COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
-# The same tree from the git fixture: another commit, the same RPC protocol.
-GIT_COMMIT = os.environ["LLAMA_GIT_0_3_36_COMMIT"]
-GIT_VARS = json.dumps({"llamacpp_commit": GIT_COMMIT, "llamacpp_source": "git",
-                       "llamacpp_git_url": "file:///srv/llama.cpp.git"})
+# The commit the converge deploys (0.3.30 from the git fixture, RPC protocol 4), and the one upgrade.yml moves to
+# (0c1e570 from its archive, protocol 7), with the cluster scenario's build settings: the same build identity, so that
+# its Debian 12 artifact is reused.
+COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
+NEW_COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
+NEW_VARS = json.dumps({"llamacpp_commit": NEW_COMMIT,
+                       "llamacpp_build_number": int(os.environ["LLAMA_SRC_0_3_36_BUILD"]), "llamacpp_source": "archive",
+                       "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
+                       "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
 HOSTS = ("master", "worker1", "worker2")
 
@@ -53,10 +59,10 @@ def test_two_build_groups_one_commit_one_protocol(master, workers):
         "master": "debian 12", "worker1": "debian 12", "worker2": "debian 13"}
     builds = {name: build(host) for name, host in nodes.items()}
     assert {info["commit"] for info in builds.values()} == {COMMIT}
-    assert {info["rpc_proto"] for info in builds.values()} == {"7.0.0"}
+    assert {info["rpc_proto"] for info in builds.values()} == {"4.0.1"}
     assert builds["master"]["build_id"] == builds["worker1"]["build_id"] != builds["worker2"]["build_id"]
     assert "-debian13" in builds["worker2"]["build_id"] and "-debian12" in builds["master"]["build_id"]
-    # Compiled once for Debian 13, on the trixie host, with its GCC 14; Debian 12's build is the cluster scenario's
+    # Compiled once for Debian 13, on the trixie host, with its GCC 14; Debian 12's build is the upgrade scenario's
     # artifact (or compiled once here when this scenario runs alone).
     compiled = [line for line in ledger() if line.split()[1] == builds["worker2"]["build_id"]]
     assert len(compiled) == 1 and " compiled on worker2 " in compiled[0], compiled
@@ -130,23 +136,25 @@ def test_upgrade_moves_both_release_groups_in_lockstep(master, workers):
     before = {name: build(host) for name, host in {"master": master, **workers}.items()}
     answer = http_json(master, SERVER_PORT, "/completion", ASK)["content"]
     with ApiClients(master) as clients:
-        clients.event(f"upgrade.yml {COMMIT[:7]} (archive) -> {GIT_COMMIT[:7]} (git), Debian 12 and 13")
-        result = run_playbook("upgrade.yml", "-e", GIT_VARS, timeout=1800)
+        clients.event(f"upgrade.yml {COMMIT[:7]} (git) -> {NEW_COMMIT[:7]} (archive), Debian 12 and 13")
+        result = run_playbook("upgrade.yml", "-e", NEW_VARS, timeout=1800)
         time.sleep(3)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     after = {name: build(host) for name, host in {"master": master, **workers}.items()}
-    assert {info["commit"] for info in after.values()} == {GIT_COMMIT}
+    assert {info["commit"] for info in after.values()} == {NEW_COMMIT}
     assert {info["rpc_proto"] for info in after.values()} == {"7.0.0"}
     assert after["master"]["build_id"] == after["worker1"]["build_id"] != after["worker2"]["build_id"]
     assert all(after[name]["build_id"] != before[name]["build_id"] for name in after)
-    # Each group compiled once, on its builder, and the play showed how far each compilation was.
+    # Each group's build compiled once per suite: trixie's here, on its builder, and the play showed how far it was;
+    # Debian 12's is the cluster scenario's artifact (compiled here only when this scenario runs alone).
     for name in ("master", "worker2"):
         compiled = [line for line in ledger() if line.split()[1] == after[name]["build_id"]]
-        assert len(compiled) == 1 and f" compiled on {name} " in compiled[0], compiled
-        assert re.search(rf"^{name}: compile {re.escape(after[name]['build_id'])}: \d+% after \d+", output,
-                         re.M), output[-4000:]
-        assert re.search(rf"^{name}: compile {re.escape(after[name]['build_id'])}: done in ", output, re.M)
+        assert len(compiled) == 1, compiled
+    assert " compiled on worker2 " in [line for line in ledger() if line.split()[1] == after["worker2"]["build_id"]][0]
+    trixie = re.escape(after["worker2"]["build_id"])
+    assert re.search(rf"^worker2: compile {trixie}: \d+% after \d+", output, re.M), output[-4000:]
+    assert re.search(rf"^worker2: compile {trixie}: done in ", output, re.M), output[-4000:]
     # The nodes stopped together, at the moment agreed on the master's clock (llama-switch --at), not one after the
     # other as Ansible reached each: the outage is one node's stop -> start.
     spread = re.search(r"the 3 node\(s\) stopped within ([\d.]+) s of each other", " ".join(output.split()))
@@ -171,7 +179,7 @@ def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
         "children": {"llama_master": {"hosts": {"worker2": None}}, "llama_workers": {"hosts": {"worker1": None}},
                      "llama_monitor": {"hosts": {"worker2": None}}}}}))
     compiled = len(ledger())
-    settings = json.loads(GIT_VARS) | {"llama_metrics": True, "llama_metrics_interval": 10, "llama_link_check": True,
+    settings = json.loads(NEW_VARS) | {"llama_metrics": True, "llama_metrics_interval": 10, "llama_link_check": True,
                                        "llama_monitor_scrape_interval": 5}
     new_master = workers["worker2"]
     # The worker's state directory lets others in (a worker's first upgrade used to create it 0750, which kept a
