@@ -81,11 +81,28 @@ def test_a_restart_a_failed_run_deferred_is_made_by_the_next(measured, master, w
     on the worker (planted here as such a run leaves them): the next run makes them, at its own switch, and the
     cluster serves."""
     worker = workers["worker1"]
-    before = main_pid(worker, "llama-rpc-server.service")
-    worker.check_output(f"echo llama-rpc-server.service > {DEFERRED}")
+    units = ("llama-rpc-server.service", "llama-rpc-tls.service")
+    before = {unit: main_pid(worker, unit) for unit in units}
+    worker.check_output(f"printf '%s\\n' {' '.join(units)} > {DEFERRED}")
     output = converge("--tags", "workers,master")
     assert switched(output) == ["worker1"], output[-4000:]
-    assert main_pid(worker, "llama-rpc-server.service") != before
+    assert all(main_pid(worker, unit) != before[unit] for unit in units), output[-4000:]
+    assert not worker.file(DEFERRED).exists
+    assert cluster_completion(master)["content"] == measured["tls_output"]
+
+
+def test_deferred_restarts_are_made_by_a_next_run_that_does_not_defer(measured, master, workers):
+    """The same left-over restarts, and a next run that does not defer them (llama-server is not serving): it makes
+    both at once, the RPC server's and its TLS terminator's (it made only the RPC server's, and dropped the
+    terminator's), then starts llama-server."""
+    worker = workers["worker1"]
+    units = ("llama-rpc-server.service", "llama-rpc-tls.service")
+    before = {unit: main_pid(worker, unit) for unit in units}
+    worker.check_output(f"printf '%s\\n' {' '.join(units)} > {DEFERRED}")
+    master.check_output("systemctl stop llama-server.service")
+    output = converge("--tags", "workers,master")
+    assert switched(output) == [], output[-4000:]
+    assert all(main_pid(worker, unit) != before[unit] for unit in units), output[-4000:]
     assert not worker.file(DEFERRED).exists
     assert cluster_completion(master)["content"] == measured["tls_output"]
 
