@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
+# What failed in the scenarios, written at the end of their run (pytest_terminal_summary).
+SUMMARY = PROJECT / ".cache" / "scenarios-failed.txt"
 # The molecule scenarios' shared helpers (cgroup_cpu: the containers' CPU time, read by the suite's summary too).
 sys.path.insert(0, str(PROJECT / "molecule" / "shared"))
 STEP_TIMES = collections.defaultdict(dict)
@@ -142,3 +144,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"what failed in {name}")
         for line in lines:
             terminalreporter.write_line(line)
+    # tools/test-suite.sh prints it again after the checks' log, at the end of make test's output: where CI's
+    # excerpt of a failed run (its last lines) shows it.
+    SUMMARY.write_text("".join(f"what failed in {name}:\n" + "".join(f"  {line}\n" for line in lines)
+                               for name, lines in FAILURES.items()))

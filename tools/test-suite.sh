@@ -6,13 +6,14 @@
 # Their output is kept in .cache/checks.log (tail -f it to follow them) and printed after the scenarios' summary.
 # Exit status: 0 when both passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 log=.cache/checks.log
 mkdir -p .cache
 # A session of its own (an autogroup the kernel schedules as one), lowered as the lanes' background steps are.
 setsid bash -c 'echo 10 > /proc/self/autogroup 2>/dev/null; exec nice -n 10 make --no-print-directory checks' \
   > "$log" 2>&1 < /dev/null &
 checks=$!
+rm -f .cache/scenarios-failed.txt
 trap 'kill -TERM -- "-$checks" 2>/dev/null' INT TERM
 pytest -v -p no:cacheprovider tests/test_molecule.py
 scenarios=$?
@@ -23,6 +24,13 @@ echo
 echo "=============== make checks (beside the scenarios; log: $log) ==============="
 cat "$log"
 echo
+# What failed in the scenarios (tests/conftest.py writes it), again: the last lines of the output are often all
+# that is kept of a failed run.
+if [ -s .cache/scenarios-failed.txt ]; then
+  echo "=============== what failed in the scenarios (repeated from their summary) ==============="
+  cat .cache/scenarios-failed.txt
+  echo
+fi
 echo "make test: scenarios $([ "$scenarios" -eq 0 ] && echo passed || echo "FAILED ($scenarios)"), checks" \
      "$([ "$checked" -eq 0 ] && echo passed || echo "FAILED ($checked)")"
 [ "$scenarios" -eq 0 ] && [ "$checked" -eq 0 ]
