@@ -19,7 +19,7 @@ export LLAMA_CACHE_DIR ?= /var/cache/llamacpp-rpc-cluster
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 FIXTURES_ENV := .cache/fixtures.env
 
-.PHONY: help venv bytecode docker ssh shellcheck image image-trixie fixtures lint unit checks docs molecule test test-cuda demo bench status collection sanity demo-down clean
+.PHONY: help venv bytecode docker ssh shellcheck image image-trixie fixtures lint unit checks docs molecule test test-vulkan test-cuda demo bench status collection sanity demo-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ checks: lint shellcheck  ## lint, then every test that needs no container (make 
 test: venv bytecode shellcheck fixtures image-trixie  ## everything: the molecule scenarios, and make checks beside them (tools/test-suite.sh)
 	tools/host-packages.sh shaping
 	source $(FIXTURES_ENV); export LLAMA_TEST_IMAGE_TRIXIE=$$(cat .cache/base-image-trixie); tools/test-suite.sh
+
+test-vulkan: venv bytecode fixtures  ## the Vulkan backend built and run on Mesa's lavapipe (not in `make test`: ~25 min on 2 cores)
+	source $(FIXTURES_ENV); LLAMA_OPTIONAL_SCENARIOS=vulkan pytest -v -p no:cacheprovider "tests/test_molecule.py::test_scenario[vulkan]"
 
 test-cuda: venv bytecode fixtures  ## the CUDA backend built and installed (not in `make test`: ~25 min on 2 cores; needs nvcc)
 	source $(FIXTURES_ENV); export LLAMA_CUDA_TOOLKIT=$$($(VENV)/bin/python tools/fixtures.py cuda-toolkit); \

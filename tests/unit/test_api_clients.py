@@ -29,6 +29,7 @@ class LlamaServer(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.asked += 1
         if not body.get("stream"):
             answer = json.dumps({"content": " Paris", "tokens_predicted": body["n_predict"]}).encode()
             self.send_response(200)
@@ -66,6 +67,7 @@ class LlamaServer(BaseHTTPRequestHandler):
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), LlamaServer)
     httpd.mode = "whole"
+    httpd.asked = 0  # requests received
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield httpd
     httpd.shutdown()
@@ -73,11 +75,16 @@ def server():
 
 
 def run_clients(server, tmp_path, clients, interval, tokens, seconds=1.0):
-    """api_clients.py, as ApiClients runs it on a host, for `seconds`: its requests."""
+    """api_clients.py, as ApiClients runs it on a host, for `seconds` after its first request: its requests. (Timed
+    from its start, a loaded host's clients once sent nothing in the 0.5 s given: still starting Python.)"""
     stop = tmp_path / f"stop-{time.monotonic_ns()}"
+    asked = server.asked
     process = subprocess.Popen([sys.executable, str(SHARED / "api_clients.py"), f"http://127.0.0.1:{server.server_port}",
                                 str(clients), str(interval), str(stop), "key", str(tokens)],
                                stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while server.asked == asked and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(seconds)
     stop.touch()
     out, _ = process.communicate(timeout=60)
