@@ -111,7 +111,7 @@ def test_ports_taken_by_other_programs(before, master, workers):
             assert master.run(f"for i in $(seq 50); do {listening} && exit 0; sleep 0.2; done; exit 1").rc == 0
         result = run_playbook("site.yml", "-e", json.dumps(ports), timeout=600)
     finally:
-        master.run(" ; ".join(f"systemctl stop port-thief-{port}" for port in ports.values()))
+        master.run("systemctl stop " + " ".join(f"port-thief-{port}" for port in ports.values()))
     for variable, port in ports.items():
         message = (rf"master: .*{variable} {port} is in use by python3 on (0\.0\.0\.0|\*|\[::\]).* Choose a free "
                    r"port in the inventory, or stop that program\.")

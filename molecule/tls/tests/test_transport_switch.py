@@ -34,6 +34,15 @@ def switched(output):
     return sorted(re.findall(r"changed: \[master -> [^\]]*\] => \(item=([\w.-]+)\)", section))
 
 
+def plant_deferred(worker):
+    """The worker's RPC server and TLS terminator written down as restarts deferred to the master's switch, as a run
+    that ended before it leaves them: {unit: its MainPID now}."""
+    units = ("llama-rpc-server.service", "llama-rpc-tls.service")
+    before = {unit: main_pid(worker, unit) for unit in units}
+    worker.check_output(f"printf '%s\\n' {' '.join(units)} > {DEFERRED}")
+    return before
+
+
 @pytest.fixture(scope="module")
 def measured(master, workers):
     found = {"tls": measure_serving(master, runs=3), "tls_output": cluster_completion(master)["content"]}
@@ -81,12 +90,10 @@ def test_a_restart_a_failed_run_deferred_is_made_by_the_next(measured, master, w
     on the worker (planted here as such a run leaves them): the next run makes them, at its own switch, and the
     cluster serves."""
     worker = workers["worker1"]
-    units = ("llama-rpc-server.service", "llama-rpc-tls.service")
-    before = {unit: main_pid(worker, unit) for unit in units}
-    worker.check_output(f"printf '%s\\n' {' '.join(units)} > {DEFERRED}")
+    before = plant_deferred(worker)
     output = converge("--tags", "workers,master")
     assert switched(output) == ["worker1"], output[-4000:]
-    assert all(main_pid(worker, unit) != before[unit] for unit in units), output[-4000:]
+    assert all(main_pid(worker, unit) != pid for unit, pid in before.items()), output[-4000:]
     assert not worker.file(DEFERRED).exists
     assert cluster_completion(master)["content"] == measured["tls_output"]
 
@@ -96,13 +103,11 @@ def test_deferred_restarts_are_made_by_a_next_run_that_does_not_defer(measured, 
     both at once, the RPC server's and its TLS terminator's (it made only the RPC server's, and dropped the
     terminator's), then starts llama-server."""
     worker = workers["worker1"]
-    units = ("llama-rpc-server.service", "llama-rpc-tls.service")
-    before = {unit: main_pid(worker, unit) for unit in units}
-    worker.check_output(f"printf '%s\\n' {' '.join(units)} > {DEFERRED}")
+    before = plant_deferred(worker)
     master.check_output("systemctl stop llama-server.service")
     output = converge("--tags", "workers,master")
     assert switched(output) == [], output[-4000:]
-    assert all(main_pid(worker, unit) != before[unit] for unit in units), output[-4000:]
+    assert all(main_pid(worker, unit) != pid for unit, pid in before.items()), output[-4000:]
     assert not worker.file(DEFERRED).exists
     assert cluster_completion(master)["content"] == measured["tls_output"]
 
