@@ -14,6 +14,9 @@ setsid bash -c 'echo 10 > /proc/self/autogroup 2>/dev/null; exec nice -n 10 make
   > "$log" 2>&1 < /dev/null &
 checks=$!
 rm -f .cache/scenarios-failed.txt
+# Every verify test's CPU (this machine + containers), for a closer look at where the suite's time goes.
+export LLAMA_CPU_REPORT="$PWD/.cache/cpu-per-test.txt"
+rm -f "$LLAMA_CPU_REPORT"
 trap 'kill -TERM -- "-$checks" 2>/dev/null' INT TERM
 pytest -v -p no:cacheprovider tests/test_molecule.py
 scenarios=$?
