@@ -179,8 +179,9 @@ def ledger(cache):
 
 def bare_build(node, build_root, info):
     """Seconds of a cmake configure + build of the active build's tree and flags on `node`, by hand: another build
-    directory, no compiler cache, the same targets and parallelism."""
-    source = f"{build_root}/src-{info['commit']}"
+    directory, no compiler cache, the same targets and parallelism. The tree is the one the role compiled last
+    (roles/llamacpp: one source path for every commit), which is the active build's right after its compilation."""
+    source = f"{build_root}/src"
     bare = "/var/tmp/llama-bench-bare"
     targets = " ".join(shlex.quote(target) for target in info["binaries"])
     args = " ".join(shlex.quote(arg) for arg in info["cmake_args"])

@@ -210,8 +210,10 @@ def assert_decommissioned(host):
 
 
 def failure_messages(output):
-    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
-    return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
+    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `), each entry of
+    a list `msg` (preflight's list of a host's problems) on its own."""
+    messages = [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
+    return [text for message in messages for text in (message if isinstance(message, list) else [message])]
 
 
 def assert_refused_in_preflight(result, message):

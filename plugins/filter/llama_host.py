@@ -85,7 +85,18 @@ def llama_host_networks(addresses):
     return networks
 
 
+def llama_failure_messages(result):
+    """The messages of a failed task's result (`ansible_failed_result` in a rescue): its failed items' for a loop,
+    a list message (an assert's list of problems) flattened."""
+    items = [item for item in result.get("results", []) if isinstance(item, dict) and item.get("failed")]
+    messages = []
+    for one in items or [result]:
+        msg = one.get("msg") or ""
+        messages.extend(msg if isinstance(msg, list) else [msg])
+    return [str(message) for message in messages if message] or ["a check failed without a message"]
+
+
 class FilterModule:
     def filters(self):
-        return {"llama_port_conflicts": llama_port_conflicts, "llama_cluster_address": llama_cluster_address,
-                "llama_host_networks": llama_host_networks}
+        return {"llama_failure_messages": llama_failure_messages, "llama_port_conflicts": llama_port_conflicts,
+                "llama_cluster_address": llama_cluster_address, "llama_host_networks": llama_host_networks}

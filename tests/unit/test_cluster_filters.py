@@ -260,7 +260,7 @@ def test_host_networks_name_the_bad_value(addresses, message):
 @pytest.mark.parametrize("module, names", [
     (llama_devices, ("llama_device_order", "llama_rpc_endpoints", "llama_devices_with_speeds", "llama_select_devices")),
     (llama_calibrate, ("llama_calibrate_speeds", "llama_calibrate_table")),
-    (llama_host, ("llama_port_conflicts", "llama_cluster_address", "llama_host_networks")),
+    (llama_host, ("llama_failure_messages", "llama_port_conflicts", "llama_cluster_address", "llama_host_networks")),
 ])
 def test_each_file_registers_its_owner_s_filters(module, names):
     assert module.FilterModule().filters() == {name: getattr(module, name) for name in names}

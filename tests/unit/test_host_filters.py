@@ -1,8 +1,10 @@
-"""Reading a host's listening sockets: which ports the cluster needs are held by something else."""
+"""Reading a host's listening sockets (which ports the cluster needs are held by something else), its cluster address,
+and a failed check's messages for a preflight that collects them."""
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_host import llama_cluster_address, llama_port_conflicts
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_host import (llama_cluster_address, llama_failure_messages,
+                                                                         llama_port_conflicts)
 
 DOCKER = "/docker/3fb389a19fe7/system.slice"
 SS = f"""\
@@ -79,3 +81,22 @@ def test_a_port_may_belong_to_any_of_several_units():
     both = dict(RPC, unit=["llama-rpc-server.service", "llama-rpc-tls.service"])
     assert llama_port_conflicts(tls, [both]) == []
     assert llama_port_conflicts(tls, [RPC])[0]["holder"] == "llama-rpc-tls.service"
+
+
+def test_a_failed_assert_gives_its_message():
+    assert llama_failure_messages({"failed": True, "msg": "master: llamacpp_commit must be"}) == [
+        "master: llamacpp_commit must be"]
+
+
+def test_a_list_of_problems_gives_each():
+    assert llama_failure_messages({"failed": True, "msg": ["master: one", "master: two"]}) == ["master: one", "master: two"]
+
+
+def test_a_loop_gives_each_failed_item():
+    result = {"failed": True, "msg": "One or more items failed",
+              "results": [{"failed": False, "msg": "fine"}, {"failed": True, "msg": "worker1: a"}, {"failed": True, "msg": "worker1: b"}]}
+    assert llama_failure_messages(result) == ["worker1: a", "worker1: b"]
+
+
+def test_a_failure_without_a_message_is_still_a_problem():
+    assert llama_failure_messages({"failed": True}) == ["a check failed without a message"]

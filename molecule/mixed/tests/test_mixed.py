@@ -3,8 +3,8 @@ commit and one RPC protocol in two build groups, each compiled once per suite on
 the artifacts of the upgrade and cluster scenarios: only trixie compiles here); the split planned over both
 workers answers as one process does; the firewall admits only the master on both releases; bad input named before
 any change (a host without iproute2, a builder outside its release's group, a Vulkan SDK that trixie does not need);
-then upgrade.yml moves all three nodes in lockstep from protocol 4 to 7 under clients' requests, showing the
-compilation's progress. Last,
+then upgrade.yml moves all three nodes in lockstep to the same sources from git under clients' requests, showing the
+compilation's progress, each group's compilation answered by the compiler cache. Last,
 worker2 becomes the master of worker1: the master's roles (the model, llama-server, the front, the exporters, the
 monitor, the link check) run on Debian 13.
 
@@ -23,16 +23,17 @@ import yaml
 from cluster_helpers import (RPC_PORT, SERVER_PORT, WORKERS, ApiClients, address, assert_refused_in_preflight,
                              http_json, link_rows, placement, prometheus_query, run_playbook,
                              single_process_completion, tcp_connects, wait_health)
+from suite_report import figures
 
-# The commit the converge deploys (0.3.30 from the git fixture, RPC protocol 4), and the one upgrade.yml moves to
-# (0c1e570 from its archive, protocol 7), with the cluster scenario's build settings: the same build identity, so that
-# its Debian 12 artifact is reused.
-COMMIT = os.environ["LLAMA_GIT_0_3_30_COMMIT"]
-NEW_COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
-NEW_VARS = json.dumps({"llamacpp_commit": NEW_COMMIT,
-                       "llamacpp_build_number": int(os.environ["LLAMA_SRC_0_3_36_BUILD"]), "llamacpp_source": "archive",
-                       "llamacpp_archive": os.environ["LLAMA_SRC_0_3_36"],
-                       "llamacpp_archive_sha256": os.environ["LLAMA_SRC_0_3_36_SHA256"]})
+# The commit the converge deploys (0c1e570 from its archive, with the cluster scenario's build settings: the same build
+# identity, so that its Debian 12 artifact is reused), and the one upgrade.yml moves to: 2cabdd3, the same sources
+# from the git fixture (the upgrade scenario moves across RPC protocols; this one across releases).
+COMMIT = os.environ["LLAMA_SRC_0_3_36_COMMIT"]
+NEW_COMMIT = os.environ["LLAMA_GIT_0_3_36_COMMIT"]
+NEW_VARS = json.dumps({"llamacpp_commit": NEW_COMMIT, "llamacpp_source": "git"})
+# The share of a group's compilations the compiler cache answers for the same sources at another commit (the path of
+# the source tree is the same for every commit): all but build-info, which carries the commit.
+CACHED_SHARE = 0.9
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
 HOSTS = ("master", "worker1", "worker2")
 
@@ -59,10 +60,10 @@ def test_two_build_groups_one_commit_one_protocol(master, workers):
         "master": "debian 12", "worker1": "debian 12", "worker2": "debian 13"}
     builds = {name: build(host) for name, host in nodes.items()}
     assert {info["commit"] for info in builds.values()} == {COMMIT}
-    assert {info["rpc_proto"] for info in builds.values()} == {"4.0.1"}
+    assert {info["rpc_proto"] for info in builds.values()} == {"7.0.0"}
     assert builds["master"]["build_id"] == builds["worker1"]["build_id"] != builds["worker2"]["build_id"]
     assert "-debian13" in builds["worker2"]["build_id"] and "-debian12" in builds["master"]["build_id"]
-    # Compiled once for Debian 13, on the trixie host, with its GCC 14; Debian 12's build is the upgrade scenario's
+    # Compiled once for Debian 13, on the trixie host, with its GCC 14; Debian 12's build is the cluster scenario's
     # artifact (or compiled once here when this scenario runs alone).
     compiled = [line for line in ledger() if line.split()[1] == builds["worker2"]["build_id"]]
     assert len(compiled) == 1 and " compiled on worker2 " in compiled[0], compiled
@@ -136,7 +137,7 @@ def test_upgrade_moves_both_release_groups_in_lockstep(master, workers):
     before = {name: build(host) for name, host in {"master": master, **workers}.items()}
     answer = http_json(master, SERVER_PORT, "/completion", ASK)["content"]
     with ApiClients(master) as clients:
-        clients.event(f"upgrade.yml {COMMIT[:7]} (git) -> {NEW_COMMIT[:7]} (archive), Debian 12 and 13")
+        clients.event(f"upgrade.yml {COMMIT[:7]} (archive) -> {NEW_COMMIT[:7]} (git), Debian 12 and 13")
         result = run_playbook("upgrade.yml", "-e", NEW_VARS, timeout=1800)
         time.sleep(3)
     output = result.stdout + result.stderr
@@ -146,12 +147,16 @@ def test_upgrade_moves_both_release_groups_in_lockstep(master, workers):
     assert {info["rpc_proto"] for info in after.values()} == {"7.0.0"}
     assert after["master"]["build_id"] == after["worker1"]["build_id"] != after["worker2"]["build_id"]
     assert all(after[name]["build_id"] != before[name]["build_id"] for name in after)
-    # Each group's build compiled once per suite: trixie's here, on its builder, and the play showed how far it was;
-    # Debian 12's is the cluster scenario's artifact (compiled here only when this scenario runs alone).
+    # Each group's build compiled once, on its own release's builder, and almost all of it from the compiler cache:
+    # the sources are those of the build before.
+    cached = {}
     for name in ("master", "worker2"):
         compiled = [line for line in ledger() if line.split()[1] == after[name]["build_id"]]
-        assert len(compiled) == 1, compiled
-    assert " compiled on worker2 " in [line for line in ledger() if line.split()[1] == after["worker2"]["build_id"]][0]
+        assert len(compiled) == 1 and f" compiled on {name} " in compiled[0], compiled
+        cached[name] = tuple(map(int, re.search(r"ccache answered (\d+) of (\d+) compilations", compiled[0]).groups()))
+    figures("upgrade.yml to the same sources from another commit: the compiler cache",
+            [f"{name}: answered {hits} of {total} compilations" for name, (hits, total) in cached.items()])
+    assert all(hits >= CACHED_SHARE * total for hits, total in cached.values()), cached
     trixie = re.escape(after["worker2"]["build_id"])
     assert re.search(rf"^worker2: compile {trixie}: \d+% after \d+", output, re.M), output[-4000:]
     assert re.search(rf"^worker2: compile {trixie}: done in ", output, re.M), output[-4000:]
