@@ -5,14 +5,9 @@ import json
 import re
 
 import pytest
-from cluster_helpers import run_playbook
+from cluster_helpers import failure_messages, run_playbook
 
 PREFLIGHT = "playbooks/preflight.yml"
-
-
-def failure_messages(output):
-    """The `msg` of every failed task result (JSON results: one object per line after `FAILED! => `)."""
-    return [json.loads(match)["msg"] for match in re.findall(r"FAILED! => (\{.*\})$", output, re.M)]
 
 
 # nftables.service as an admin who enabled it would have it, minus its `flush ruleset` (which would also wipe ufw's
