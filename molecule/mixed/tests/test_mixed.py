@@ -1,6 +1,6 @@
 """A cluster across Debian releases: a Debian 12 master and worker1, a Debian 13 worker2 behind mutual TLS. One
-commit and one RPC protocol in two build groups, each compiled once per suite on its release (Debian 12's builds are
-the artifacts of the upgrade and cluster scenarios: only trixie compiles here); the split planned over both
+commit and one RPC protocol in two build groups, each compiled once per suite on its release (Debian 12's 0c1e570 is
+the cluster scenario's artifact: only trixie compiles it in full here); the split planned over both
 workers answers as one process does; the firewall admits only the master on both releases; bad input named before
 any change (a host without iproute2, a builder outside its release's group, a Vulkan SDK that trixie does not need);
 then upgrade.yml moves all three nodes in lockstep to the same sources from git under clients' requests, showing the
