@@ -17,12 +17,23 @@ rm -f .cache/scenarios-failed.txt
 # Every verify test's CPU (this machine + containers), for a closer look at where the suite's time goes.
 export LLAMA_CPU_REPORT="$PWD/.cache/cpu-per-test.txt"
 rm -f "$LLAMA_CPU_REPORT"
+# Every playbook run of the verify tests (molecule/shared/cluster_helpers.py run_playbook): scenario, wall s, this
+# machine's CPU s, the containers' CPU s, exit status, playbook, arguments.
+export LLAMA_RUN_REPORT="$PWD/.cache/playbook-runs.txt"
+rm -f "$LLAMA_RUN_REPORT"
 trap 'kill -TERM -- "-$checks" 2>/dev/null' INT TERM
 pytest -v -p no:cacheprovider tests/test_molecule.py
 scenarios=$?
 wait "$checks"
 checked=$?
 trap - INT TERM
+if [ -s "$LLAMA_RUN_REPORT" ]; then
+  echo
+  echo "=============== the verify tests' playbook runs (CPU: this machine + containers) ==============="
+  awk '{n[$1]++; c[$1] += $3 + $4; t += $3 + $4; r++}
+       END {for (s in n) printf "%-10s %4d runs %8.0f cpu-s\n", s, n[s], c[s];
+            printf "%-10s %4d runs %8.0f cpu-s\n", "all", r, t}' "$LLAMA_RUN_REPORT"
+fi
 echo
 echo "=============== make checks (beside the scenarios; log: $log) ==============="
 cat "$log"
