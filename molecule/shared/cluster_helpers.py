@@ -4,7 +4,6 @@ import contextlib
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import time
@@ -13,8 +12,7 @@ from pathlib import Path
 from shlex import quote
 
 import pytest
-from cgroup_cpu import containers_cpu
-from suite_report import figures
+from suite_report import children_cpu, figures, scenario_cpu
 import testinfra.utils.ansible_runner
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[2]))
@@ -155,22 +153,16 @@ def run_playbook(playbook, *args, inventory=None, timeout=900, env=None):
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json", **(env or {}))
     command = ["ansible-playbook", playbook, "-i", str(inventory or os.environ["MOLECULE_INVENTORY_FILE"]), *args]
-    if not os.environ.get("LLAMA_RUN_REPORT"):
-        return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
     # Each run's cost, for a closer look at where the suite's time goes (make test: .cache/playbook-runs.txt): its
     # wall time, this machine's CPU (ansible-playbook and everything it ran, all waited for) and the containers'.
-    started, host, inside = time.monotonic(), _children_cpu(), containers_cpu(SCENARIO)
+    report_file = os.environ.get("LLAMA_RUN_REPORT")
+    started, host, inside = (time.monotonic(), children_cpu(), scenario_cpu()) if report_file else (0, 0, 0)
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
-    with open(os.environ["LLAMA_RUN_REPORT"], "a", encoding="utf-8") as report:
-        report.write(f"{SCENARIO} {time.monotonic() - started:.1f} {_children_cpu() - host:.1f} "
-                     f"{containers_cpu(SCENARIO) - inside:.1f} {result.returncode} {playbook} "
-                     f"{' '.join(args)[:200]}\n")
+    if report_file:
+        with open(report_file, "a", encoding="utf-8") as report:
+            report.write(f"{SCENARIO} {time.monotonic() - started:.1f} {children_cpu() - host:.1f} "
+                         f"{scenario_cpu() - inside:.1f} {result.returncode} {playbook} {' '.join(args)[:200]}\n")
     return result
-
-
-def _children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 # A row of the link check's table (role llama_link), as the JSON result format prints the debug message's lines.

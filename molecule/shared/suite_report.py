@@ -21,9 +21,20 @@ PREFIX = "figure: "
 CONTAINERS = []  # the scenario's container ids, read once (no `docker ps` around every test)
 
 
+def children_cpu():
+    """CPU seconds of the programs this process ran and waited for (ansible-playbook, ssh, docker)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
 def _host_cpu():
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + children_cpu()
+
+
+def scenario_cpu():
+    """CPU seconds of the scenario's containers so far (their ids read once, where this plugin runs)."""
+    return containers_cpu(SCENARIO, CONTAINERS or None)
 
 
 def pytest_sessionstart():
@@ -38,9 +49,9 @@ def figures(title, lines):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
-    host, inside = _host_cpu(), containers_cpu(SCENARIO, CONTAINERS)
+    host, inside = _host_cpu(), scenario_cpu()
     yield
-    USED[item.nodeid] = (_host_cpu() - host, containers_cpu(SCENARIO, CONTAINERS) - inside)
+    USED[item.nodeid] = (_host_cpu() - host, scenario_cpu() - inside)
 
 
 def pytest_terminal_summary(terminalreporter):
