@@ -23,14 +23,13 @@ from cgroup_cpu import containers_cpu
 # The lanes. The suite's length is its chain of compilations: `cluster` compiles 0c1e570 (CPU), then `upgrade` the
 # git-sourced f29f967, then `mixed` 0c1e570 for Debian 13 (AFTER; its Debian 12 build is cluster's), each on a
 # container of a higher CPU weight (molecule.yml: cpu_shares); mixed's verify compiles 2cabdd3, the same sources from
-# git, for both releases, nearly all from the compiler cache; `tls` and `prefill` reuse cluster's build. Each
+# git, for both releases, nearly all from the compiler cache; `prefill` (with TLS) reuses cluster's build. Each
 # scenario of the chain
 # has a lane of its own, so that its containers are up and its converge starts as soon as the compilation before it
 # ends; the light scenarios take the cores that the chain leaves.
 LANES = [
     ["cluster"],
     ["upgrade"],
-    ["tls"],
     ["firewall", "chrony"],
     ["mixed"],
     ["prefill"],
@@ -57,13 +56,11 @@ COVERED = {
 # on CPU, by cluster), which is then in the suite's artifact cache, or it compiles and should not share the
 # cores with another compilation. The other scenarios' containers boot after cluster's, the first of the chain.
 AFTER = {
-    ("tls", "create"): [("cluster", "create")],
     ("upgrade", "create"): [("cluster", "create")],
     ("vulkan", "create"): [("cluster", "create")],
     ("mixed", "create"): [("cluster", "create")],
     ("prefill", "create"): [("cluster", "create")],
     ("prefill", "converge"): [("cluster", "converge")],
-    ("tls", "converge"): [("cluster", "converge")],
     ("upgrade", "converge"): [("cluster", "converge")],
     ("vulkan", "converge"): [("cluster", "converge"), ("upgrade", "converge")],
     ("mixed", "converge"): [("cluster", "converge"), ("upgrade", "converge"), ("vulkan", "converge")],

@@ -1,6 +1,7 @@
 """Helpers of the cluster scenarios' tests: the containers (over SSH), requests, ansible-playbook runs."""
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -34,8 +35,25 @@ def connect(name):
     return testinfra.utils.ansible_runner.AnsibleRunner.get_runner(os.environ["MOLECULE_INVENTORY_FILE"]).get_host(name)
 
 
+@functools.cache
+def inventory_addresses():
+    """{host name: (the address the tests reach it at, its llama_cluster_address or None)}, from the scenario's
+    inventory (the prefill scenario sets llama_cluster_address: its hosts' link, molecule/shared/link_bed.py)."""
+    runner = testinfra.utils.ansible_runner.AnsibleRunner.get_runner(os.environ["MOLECULE_INVENTORY_FILE"])
+    found = {}
+    for name in runner.get_hosts("all"):
+        variables = runner.get_variables(name)
+        found[name] = (variables.get("ansible_host", name), variables.get("llama_cluster_address"))
+    return found
+
+
 def address(host):
-    """The container's address on the scenario network (what the roles use as the cluster address)."""
+    """The host's cluster address (what the roles use): its llama_cluster_address where the inventory sets one, else
+    its address on the scenario network."""
+    reached = host.backend.get_hostname()
+    for reach, cluster in inventory_addresses().values():
+        if reach == reached and cluster:
+            return cluster
     return host.check_output("ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p'")
 
 

@@ -9,12 +9,10 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-from cluster_helpers import (ApiClients, SERVER_PORT, WORKERS, assert_refused_in_preflight, container, main_pid,
-                             run_playbook, wait_health)
+from cluster_helpers import (ApiClients, SERVER_PORT, assert_refused_in_preflight, container, inventory_addresses,
+                             main_pid, run_playbook, wait_health)
 from link_bed import Link, host_end, shaped
 from ansible_collections.llamacpp.rpc_cluster.plugins.module_utils.llama_gguf import read_model_info
 from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_prefill import llama_prefill_tensors
@@ -26,16 +24,11 @@ MODEL_B = "/srv/models/prefill-b.gguf"
 MIB = 1024 * 1024
 
 
-def address(name):
-    """The cluster address of the host `name`: its address on the scenario's link (molecule.yml's link_address)."""
-    platforms = yaml.safe_load(Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"], "molecule.yml").read_text())["platforms"]
-    return {platform["name"]: platform["link_address"] for platform in platforms}[name]
-
-
 @pytest.fixture(scope="module")
 def link(workers):
-    link = Link(host_end(container("master"), address("master")),
-                {name: host_end(container(name), address(name)) for name in workers})
+    address = {name: cluster for name, (_, cluster) in inventory_addresses().items()}
+    link = Link(host_end(container("master"), address["master"]),
+                {name: host_end(container(name), address[name]) for name in workers})
     for name, end in link.worker_ends.items():
         assert shaped(end) == "100Mbit", f"the link into {name} ({end}) is not shaped: {shaped(end)}"
     return link

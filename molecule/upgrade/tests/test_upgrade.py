@@ -1,9 +1,9 @@
 """upgrade.yml on the cluster site.yml deployed at the older tree (rpc-server, protocol 4, --no-mmap): refusals
 that change nothing, a staged build that fails the gate, a master and a worker that fail in the switch and are
 rolled back, the lockstep upgrade to 0c1e570 (ggml-rpc-server, protocol 7, --load-mode), the drift check, a no-op
-re-run, the cluster healing itself, a rollback on purpose, the rollback by hand of docs/upgrades.md, the builds'
-retention, an upgrade under tls and a fresh worker joining; the upgrade, the healing and the rollback under clients'
-requests (one asking every 0.5 s, 8 concurrent ones).
+re-run, the cluster healing itself, a rollback on purpose, the rollback by hand of docs/upgrades.md, a worker-only
+change, the builds' retention, a fresh worker joining and an upgrade under tls; the upgrade, the healing and the
+rollback under clients' requests (one asking every 0.5 s, 8 concurrent ones).
 
 The tests run in this file's order: each starts from the state the one before left."""
 
@@ -291,19 +291,6 @@ def test_a_rollback_on_purpose_returns_to_the_replaced_build(builder, node, befo
     assert again.returncode == 0 and all(c["changed"] == 0 for c in recap(again.stdout).values()), again.stdout[-3000:]
 
 
-def test_a_worker_only_change_reconnects_the_master(builder, node):
-    """A setting that restarts only the RPC server: llama-server's connection to it died with it, so the master is
-    restarted after it, once, and the smoke request passes."""
-    workers_before, master_before = main_pid(node, "llama-rpc-server.service"), main_pid(builder, "llama-server.service")
-    result = run_playbook("site.yml", "-e", "llama_rpc_threads=2")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    assert "restarting llama-server for the restarted RPC server(s) of node" in output
-    assert main_pid(node, "llama-rpc-server.service") != workers_before
-    assert main_pid(builder, "llama-server.service") != master_before
-    assert "Completion served through RPC0" in output
-
-
 def readme_rollback_by_hand():
     """The commands of docs/upgrades.md's "Rolling back by hand", in its order, each with where its comment (or its
     unit) says it runs: (master|worker|every, command)."""
@@ -322,9 +309,8 @@ def readme_rollback_by_hand():
 def test_the_readme_s_rollback_by_hand_returns_to_the_replaced_build(builder, node, before):
     """After an upgrade, the rollback by hand of docs/upgrades.md (for when Ansible cannot run), followed as written:
     the replaced build serves again, and the units are those site.yml renders for it."""
-    # The inventory's settings first (the test before changed one): the rollback point holds the units as they run.
-    result = run_playbook("site.yml")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    # The units as the inventory sets them (the test before ended on a site.yml that changed nothing): the rollback
+    # point holds them as they run.
     result, output = upgrade()
     assert result.returncode == 0, output[-3000:]
     assert build(node)["commit"] == NEW
@@ -356,6 +342,19 @@ def test_verify_names_a_process_started_before_current_was_switched(node):
     assert run_playbook("playbooks/verify.yml").returncode == 0
 
 
+def test_a_worker_only_change_reconnects_the_master(builder, node):
+    """A setting that restarts only the RPC server: llama-server's connection to it died with it, so the master is
+    restarted after it, once, and the smoke request passes."""
+    workers_before, master_before = main_pid(node, "llama-rpc-server.service"), main_pid(builder, "llama-server.service")
+    result = run_playbook("site.yml", "-e", "llama_rpc_threads=2")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "restarting llama-server for the restarted RPC server(s) of node" in output
+    assert main_pid(node, "llama-rpc-server.service") != workers_before
+    assert main_pid(builder, "llama-server.service") != master_before
+    assert "Completion served through RPC0" in output
+
+
 def test_builds_beyond_llamacpp_keep_builds_are_removed(builder, node):
     """Retention: besides the active build, the one it replaced, then the newest others up to llamacpp_keep_builds;
     an older build (planted, of the same layout) goes in the next site.yml, the replaced one stays."""
@@ -371,29 +370,6 @@ def test_builds_beyond_llamacpp_keep_builds_are_removed(builder, node):
         left = sorted(host.check_output("ls -d /opt/llama.cpp/llama.cpp-*").split())
         assert left == [path for path in before[host] if path != planted] and len(left) == 2, (before[host], left)
         assert any(path.endswith(active) for path in left)
-
-
-def test_an_upgrade_under_tls_moves_every_node_behind_its_tls_layer(builder, node, before):
-    """The cluster switched to llama_rpc_transport tls, then upgraded and rolled back on purpose under it: the
-    worker's switch waits for its RPC server on 127.0.0.1 behind the terminator, llama-server dials its local TLS
-    client, and the answer is the same; then back to plain."""
-    tls = json.dumps({"llama_rpc_transport": "tls"})
-    result = run_playbook("site.yml", "-e", tls)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    result, output = upgrade("-e", tls)
-    assert result.returncode == 0, output[-4000:]
-    assert build(node)["commit"] == NEW and build(builder)["commit"] == NEW
-    assert node.service("llama-rpc-tls.service").is_running
-    assert builder.service("llama-rpc-tls-clients.service").is_running
-    assert option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").startswith("127.0.0.1:")
-    assert ask(builder) == before["answer"]
-    result = run_playbook("upgrade.yml", "-e", "llama_rollback=true", "-e", tls)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    assert build(node)["commit"] == OLD and ask(builder) == before["answer"]
-    result = run_playbook("site.yml")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert not node.service("llama-rpc-tls.service").is_running and ask(builder) == before["answer"]
 
 
 def test_a_fresh_worker_joins_the_running_cluster_on_its_build(builder, node, before, tmp_path):
@@ -419,3 +395,25 @@ def test_a_fresh_worker_joins_the_running_cluster_on_its_build(builder, node, be
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert len(option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").split(",")) == 1
     assert ask(builder) == before["answer"]
+
+
+def test_an_upgrade_under_tls_moves_every_node_behind_its_tls_layer(builder, node, before):
+    """The cluster switched to llama_rpc_transport tls, then upgraded and rolled back on purpose under it: the
+    worker's switch waits for its RPC server on 127.0.0.1 behind the terminator, llama-server dials its local TLS
+    client, and the answer is the same. The last test: the cluster stays on tls (the switch back to plain is the
+    prefill scenario's test_transport_switch.py)."""
+    tls = json.dumps({"llama_rpc_transport": "tls"})
+    result = run_playbook("site.yml", "-e", tls)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    result, output = upgrade("-e", tls)
+    assert result.returncode == 0, output[-4000:]
+    assert build(node)["commit"] == NEW and build(builder)["commit"] == NEW
+    assert node.service("llama-rpc-tls.service").is_running
+    assert builder.service("llama-rpc-tls-clients.service").is_running
+    assert option(cmdline(builder, main_pid(builder, "llama-server.service")), "--rpc").startswith("127.0.0.1:")
+    assert ask(builder) == before["answer"]
+    result = run_playbook("upgrade.yml", "-e", "llama_rollback=true", "-e", tls)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert build(node)["commit"] == OLD and ask(builder) == before["answer"]
+    assert node.service("llama-rpc-tls.service").is_running

@@ -1,4 +1,5 @@
-"""What the tls scenario's tests share: the TLS endpoints, the RPC probe, certificates, the greedy completion."""
+"""What the prefill scenario's TLS tests share: the TLS endpoints, the RPC probe, certificates, the greedy
+completion."""
 
 import json
 import os
