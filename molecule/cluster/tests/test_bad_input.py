@@ -26,6 +26,10 @@ CASES = {
         {"llama_front_hold_seconds": 700},
         r"master: llama_front_hold_seconds \(700\) is longer than llama_front_timeout \(600\), the time the front "
         r"lets a client wait: .* raise llama_front_timeout to 700 or more\."),
+    "drain longer than the front lets a client wait": (
+        {"llama_front_drain_seconds": 650},
+        r"master: llama_front_drain_seconds \(650\) is longer than llama_front_timeout \(600\): a request still running "
+        r"when the drain ends has already been cut by the front\. .* raise llama_front_timeout to 650 or more\."),
     "bind address not the cluster address": (
         {"llama_rpc_bind_address": "10.255.255.1"},
         r"worker\d: llama_rpc_bind_address is '10\.255\.255\.1', but the master dials this worker at its cluster "
@@ -90,7 +94,8 @@ def assert_refused_before_any_change(result, message, before, master, workers):
 # a run each.
 TOGETHER = [
     ["short commit", "git without a URL", "missing CUDA toolkit", "internal port is the API's",
-     "hold longer than the front lets a client wait", "exporter port is the RPC port"],
+     "hold longer than the front lets a client wait", "drain longer than the front lets a client wait",
+     "exporter port is the RPC port"],
     ["non-hex commit", "archive checksum"],
 ]
 
