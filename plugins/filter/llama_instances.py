@@ -1,9 +1,10 @@
 """Ansible filters ``llama_instances`` and ``llama_instance_shares``: several llama-server instances from one
-inventory (issue 44's first part: the inventory's shape, checked before any host is changed).
+inventory, checked before any host is changed.
 
-An instance is one llama-server (on its master) and one RPC server on each worker it uses, with its own ports. Today's
-inventory, without ``llama_instances``, is one instance named ``default`` made of the cluster's own variables.
-Instances that serve the same model name are replicas of it.
+An instance is one llama-server (on its master) and one RPC server on each worker it uses, with its own units and
+ports. The cluster's own variables (llama_model_path on llama_master, over every worker) are the instance named
+``default``, with the contract's unit names; the inventory's ``llama_instances`` adds the others. Instances that serve
+the same model name are replicas of it.
 """
 
 import re
@@ -13,11 +14,15 @@ from ansible.errors import AnsibleFilterError
 
 # Each filter is documented in its sidecar file, plugins/filter/<name>.yml (ansible-doc -t filter <name>).
 
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")  # in unit names (llama-server@NAME.service) and metric labels
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")  # in unit names (llama-server-NAME.service) and metric labels
 KEYS = {"name", "model_path", "model_sha256", "served_name", "master", "workers", "port", "rpc_port", "ctx_size",
-        "parallel", "tensor_split", "split_strategy", "reserve_fraction", "default"}
+        "parallel", "tensor_split", "split_strategy", "reserve_fraction"}
 # What each instance inherits from the cluster's own variables when it does not set it.
 INHERITED = ("ctx_size", "parallel", "tensor_split", "split_strategy", "reserve_fraction")
+SERVED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")  # the front compares it in its configuration
+OWN = "default"  # the cluster's own instance: llama_model_path on llama_master, the contract's unit names
+RESERVED = {"watch": "llama-server-watch.service is the cluster's own worker watch",
+            "llama-server": "the API front's name for the cluster's own llama-server"}
 
 
 def _fail(message):
@@ -28,6 +33,11 @@ def _port(value, where, fix):
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         _fail(f"{where} must be a TCP port (1-65535), got {value!r}: {fix}")
     return value
+
+
+def _stem(path):
+    """The model's name where none is given: its file name without .gguf (SmolLM2-135M-Instruct-Q8_0)."""
+    return re.sub(r"\.gguf$", "", path.rstrip("/").rsplit("/", 1)[-1], flags=re.IGNORECASE)
 
 
 def _workers(value, where, known):
@@ -53,29 +63,25 @@ def _workers(value, where, known):
 
 
 def llama_instances(declared, single, master, workers, hosts=None):
-    """The cluster's instances, normalised and checked: the inventory's `llama_instances`, or, where it is empty,
-    one instance named `default` made of `single` (the cluster's own variables). See the sidecar file for the
-    fields. Every error names the instance, the variable and the fix."""
+    """The cluster's instances, normalised and checked: first the cluster's own (named `default`, made of `single`,
+    the cluster's own variables, over every worker, with the contract's unit names), then each of the inventory's
+    `llama_instances`. See the sidecar file for the fields. Every error names the instance, the variable and the
+    fix."""
     hosts = hosts or {}
     if not isinstance(single, Mapping) or "model_path" not in single or "port" not in single:
         _fail("llama_instances: `single` needs at least model_path and port (the cluster's own variables)")
     if not isinstance(workers, (list, tuple)) or not workers:
         _fail("llama_instances: the inventory has no host in llama_workers: add at least one")
     workers = list(workers)
-
-    def rpc_port(host, offset):
-        return int((hosts.get(host) or {}).get("rpc_port", 50052)) + offset
-
     if declared in (None, "", [], ()):
-        declared = [{"name": "default", "model_path": single["model_path"], "workers": workers, "default": True}]
-        given = False
+        declared = []
     elif not isinstance(declared, (list, tuple)) or not all(isinstance(item, Mapping) for item in declared):
         _fail(f"llama_instances must be a list of instances ({{name, model_path, ...}}), got {declared!r}")
-    else:
-        given = True
+    own = {"name": OWN, "model_path": single["model_path"], "model_sha256": single.get("model_sha256", ""),
+           "served_name": single.get("served_name") or "", "port": int(single["port"])}
     named, found = {}, []
-    for index, item in enumerate(declared):
-        where = f"llama_instances[{index}]" if given else "the cluster's instance"
+    for index, item in enumerate([own] + list(declared)):
+        where = f"llama_instances[{index - 1}]" if index else "the cluster's own instance"
         unknown = sorted(set(item) - KEYS)
         if unknown:
             _fail(f"{where} has unknown key(s) {', '.join(unknown)}: an instance takes {', '.join(sorted(KEYS))}")
@@ -83,10 +89,13 @@ def llama_instances(declared, single, master, workers, hosts=None):
         if not isinstance(name, str) or not NAME.match(name):
             _fail(f"{where}.name must be a short lower-case name (a-z, 0-9, '-', starting with a letter; it names "
                   f"the instance's units and metrics), got {name!r}")
+        if name in RESERVED:
+            _fail(f"{where}.name: {name!r} is taken ({RESERVED[name]}): give the instance another name")
         if name in named:
-            _fail(f"{where}: the name {name!r} is taken by llama_instances[{named[name]}]: give each instance its "
-                  f"own name")
-        named[name] = index
+            taken = "the cluster's own instance (llama_model_path on llama_master)" if named[name] < 0 else \
+                f"llama_instances[{named[name]}]"
+            _fail(f"{where}: the name {name!r} is taken by {taken}: give each instance its own name")
+        named[name] = index - 1
         label = f"instance {name!r} ({where})"
         model = item.get("model_path")
         if not isinstance(model, str) or not model:
@@ -94,29 +103,27 @@ def llama_instances(declared, single, master, workers, hosts=None):
         host = item.get("master", master)
         if host not in [master] + workers:
             _fail(f"{label}: master {host!r} is not a host of llama_master or llama_workers: set {where}.master "
-                  f"to one of {', '.join([master] + workers)}")
+                  f"to one of {', '.join(dict.fromkeys([master] + workers))}")
         used = _workers(item.get("workers", workers), f"{label}: {where}.workers", workers)
         port = _port(item.get("port", int(single["port"]) + index), f"{label}: {where}.port",
                      f"set {where}.port to a free port of {host}")
         for worker in used:
-            worker["rpc_port"] = _port(item.get("rpc_port", rpc_port(worker["host"], index)),
-                                       f"{label}: {where}.rpc_port", f"set {where}.rpc_port to a free port")
-        # An instance's checksum is its own: the cluster's is the one instance's only where none is declared.
-        checksum = item.get("model_sha256", "" if given else single.get("model_sha256", ""))
-        instance = {"name": name, "model_path": model, "model_sha256": checksum,
-                    "served_name": item.get("served_name") or name, "master": host, "workers": used,
-                    "port": port, "default": bool(item.get("default", False)), "index": index}
+            rpc = int((hosts.get(worker["host"]) or {}).get("rpc_port", 50052))
+            worker["rpc_port"] = rpc if not index else _port(
+                item.get("rpc_port", rpc + index), f"{label}: {where}.rpc_port", f"set {where}.rpc_port to a free port")
+        served = item.get("served_name") or _stem(model)
+        if not isinstance(served, str) or not SERVED.match(served):
+            named_by = f"{where}.served_name" if index else "llama_server_alias"
+            _fail(f"{label}: the model name {served!r} (the `model` clients ask for) must be letters, digits and . _ : "
+                  f"/ + - (no space): set {named_by} to such a name")
+        suffix = f"-{name}" if index else ""
+        instance = {"name": name, "index": index, "model_path": model, "model_sha256": item.get("model_sha256") or "",
+                    "served_name": served, "master": host, "workers": used, "port": port, "default": not index,
+                    "unit": f"llama-server{suffix}.service", "rpc_unit": f"llama-rpc-server{suffix}.service",
+                    "where": where}
         for key in INHERITED:
-            instance[key] = item.get(key, single.get(key))
-        if not isinstance(instance["served_name"], str):
-            _fail(f"{label}: {where}.served_name must be a string (the `model` clients ask for)")
+            instance[key] = item.get(key, single.get(key)) if index else single.get(key)
         found.append(instance)
-    defaults = [instance["name"] for instance in found if instance["default"]]
-    if len(defaults) > 1:
-        _fail(f"llama_instances: {', '.join(map(repr, defaults))} all say default: true; only one instance answers "
-              f"requests without a `model`: keep default: true on one of them")
-    if not defaults:
-        found[0]["default"] = True
     _check_ports(found, hosts)
     for instance in found:
         instance["replicas"] = [other["name"] for other in found if other["served_name"] == instance["served_name"]]
@@ -131,9 +138,11 @@ def _check_ports(instances, hosts):
         for port, holder in ((facts or {}).get("reserved") or {}).items():
             taken[(host, int(port))] = holder
     for instance in instances:
-        where = f"llama_instances[{instance['index']}]"
-        claims = [(instance["master"], instance["port"], f"{where}.port")]
-        claims += [(worker["host"], worker["rpc_port"], f"{where}.rpc_port") for worker in instance["workers"]]
+        where = instance["where"]
+        named = (f"{where}.port", f"{where}.rpc_port") if instance["index"] else \
+            ("llama_server_internal_port", "llama_rpc_port")
+        claims = [(instance["master"], instance["port"], named[0])]
+        claims += [(worker["host"], worker["rpc_port"], named[1]) for worker in instance["workers"]]
         for host, port, variable in claims:
             holder = taken.get((host, port))
             if holder:
@@ -186,8 +195,74 @@ def llama_instance_shares(instances, devices, shares=None):
     return planned
 
 
+def llama_instance_workers(instances, host, worker=None, addresses=None):
+    """The RPC servers `host` runs for the instances besides the cluster's own: [{name, unit, port, devices, master}]
+    (devices: the names it exposes to that instance, empty = all of the worker's; master: the host that dials it).
+    With `worker` (the host's llama_rpc_worker), each also has `worker`: that dict as the instance sees it (its unit,
+    port, endpoint and devices). With `addresses` ({host: cluster address}), each also has `peer` (its master's
+    address, the only one its RPC server admits) and `rule` (the firewall's, as role llama_access lists them)."""
+    found = []
+    for instance in instances:
+        for entry in instance["workers"] if instance["index"] else []:
+            if entry["host"] != host:
+                continue
+            item = {"name": instance["name"], "unit": instance["rpc_unit"], "port": entry["rpc_port"],
+                    "devices": entry["devices"], "master": instance["master"]}
+            if worker is not None:
+                available = list(worker.get("devices") or [])
+                names = [device["name"] for device in available]
+                unknown = [name for name in entry["devices"] if name not in names]
+                if unknown:
+                    _fail(f"instance {instance['name']!r}: {host} has no device {', '.join(unknown)} "
+                          f"({instance['where']}.workers; it has {', '.join(names) or 'none'})")
+                address = str(worker["endpoint"]).rsplit(":", 1)[0]
+                item["worker"] = dict(worker, unit=instance["rpc_unit"], port=entry["rpc_port"],
+                                      endpoint=f"{address}:{entry['rpc_port']}",
+                                      devices=[device for device in available
+                                               if not entry["devices"] or device["name"] in entry["devices"]])
+            if addresses is not None:
+                item["peer"] = addresses[instance["master"]]
+                item["rule"] = {"name": f"RPC {instance['name']}", "proto": "tcp", "port": entry["rpc_port"],
+                                "sources": [item["peer"]]}
+            found.append(item)
+    return found
+
+
+def llama_instance_served(parts, address, front, front_address, host):
+    """One instance as its master runs it: `parts` is (the instance, its model as llama_model_store served it, its
+    llama_gguf_info result, its llama_plan result). It listens on loopback on the front's host, else on the master's
+    cluster address (`address`), where the front's host alone may reach it (`rule`: the firewall's)."""
+    instance, served, gguf, planned = parts
+    listen = "127.0.0.1" if host == front else address
+    rules = [] if host == front else [{"name": f"API {instance['name']}", "proto": "tcp", "port": instance["port"],
+                                       "sources": [front_address]}]
+    return dict(instance, served=served, model=dict(gguf["model"], **gguf["gguf"]), devices=planned["devices"],
+                rpc=planned["rpc"], plan=planned["plan"], table=planned["table"], listen=listen, rules=rules,
+                url=f"http://{listen}:{instance['port']}")
+
+
+def llama_front_routes(instances, host, addresses):
+    """What the API front on `host` routes to: one route per served model, in instance order, the cluster's own
+    first: {model, backend, servers: [{name, address, port}]}. The cluster's own model's backend is `llama_server`
+    (as with one instance); another's is `llama_server_` + its first instance's name. A server's HAProxy name
+    (`server`) is its instance's, `llama-server` for the cluster's own (as with one instance). An instance on `host` is
+    reached on loopback, another at its master's address (`addresses`: {host: cluster address})."""
+    routes = {}
+    for instance in instances:
+        route = routes.setdefault(instance["served_name"], {
+            "model": instance["served_name"],
+            "backend": "llama_server" if instance["index"] == 0 else f"llama_server_{instance['name']}",
+            "servers": []})
+        address = "127.0.0.1" if instance["master"] == host else addresses[instance["master"]]
+        route["servers"].append({"name": instance["name"], "address": address, "port": instance["port"],
+                                 "server": "llama-server" if instance["index"] == 0 else instance["name"]})
+    return list(routes.values())
+
+
 class FilterModule:
     """Several llama-server instances from one inventory."""
 
     def filters(self):
-        return {"llama_instances": llama_instances, "llama_instance_shares": llama_instance_shares}
+        return {"llama_instances": llama_instances, "llama_instance_shares": llama_instance_shares,
+                "llama_instance_workers": llama_instance_workers, "llama_instance_served": llama_instance_served,
+                "llama_front_routes": llama_front_routes}

@@ -4,7 +4,8 @@ it. Helpers and the master/workers fixtures come from molecule/shared/cluster_he
 
 from cluster_helpers import Chain, master, order_tests, workers  # noqa: F401  # pylint: disable=unused-import
 
-ORDER = ["test_mixed.py"]
+# The instances first: their last run removes them again, leaving the converged cluster.
+ORDER = ["test_instances.py", "test_mixed.py"]
 CHAIN = Chain()
 
 
