@@ -55,6 +55,42 @@ def test_bad_inventory_fails_in_preflight(case, tmp_path, project):
     assert "does-not-exist" not in output
 
 
+# Several instances (docs/instances.md) declared wrong: named in the controller's first play, from the inventory alone.
+INSTANCE_CASES = {
+    "two instances with one name": (
+        {"llama_instances": [{"name": "b", "model_path": "/m/a.gguf"}, {"name": "b", "model_path": "/m/b.gguf"}]},
+        r"llama_instances[1]: the name 'b' is taken by llama_instances[0]: give each instance its own name"),
+    "an instance without a model": (
+        {"llama_instances": [{"name": "b", "workers": ["w1"]}]},
+        r"instance 'b' (llama_instances[0]) has no model_path: set llama_instances[0].model_path to the GGUF"),
+    "two instances claiming one port on one host": (
+        {"llama_instances": [{"name": "b", "model_path": "/m/a.gguf", "port": 9000},
+                             {"name": "c", "model_path": "/m/b.gguf", "port": 9000}]},
+        r"instance 'c': port 9000 on m1 (llama_instances[1].port) is taken by instance 'b' (llama_instances[0].port): "
+        r"set llama_instances[1].port to another port"),
+    "a worker that is not one": (
+        {"llama_instances": [{"name": "b", "model_path": "/m/a.gguf", "workers": ["w3"]}]},
+        r"llama_instances[0].workers[0] names 'w3', which is not in llama_workers (w1, w2): add it there"),
+    "an unknown instance in a host's variables": (
+        {"llama_instances": [{"name": "b", "model_path": "/m/a.gguf"}], "llama_instance_shares": {"c": 0.5}},
+        r"w1: llama_instance_shares names the instance 'c', which llama_instances does not declare (default, b): "
+        r"name one of them, or remove it"),
+}
+
+
+@pytest.mark.parametrize("case", INSTANCE_CASES)
+def test_bad_instances_fail_before_any_host_is_contacted(case, tmp_path, project):
+    extra, message = INSTANCE_CASES[case]
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    result = subprocess.run(["ansible-playbook", "site.yml", "-i", str(inventory(tmp_path, ["m1"], ["w1", "w2"])),
+                             "-e", json.dumps(dict(extra, llama_model_path="/m/own.gguf"))],
+                            cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert message in output, output[-2000:]
+    assert "PLAY [Preflight - cluster hosts]" not in output and "does-not-exist" not in output
+
+
 def test_a_renamed_variable_still_works_with_a_warning_naming_the_new_one(tmp_path, project):
     """llama_rollback_dir (llama_upgrade_rollback_dir since 1.1.0) passes the variable checks with a warning; set
     beside its new name, it is an error naming both. (The next play would contact the hosts: these do not exist.)"""

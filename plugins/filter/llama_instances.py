@@ -99,7 +99,8 @@ def llama_instances(declared, single, master, workers, hosts=None):
         label = f"instance {name!r} ({where})"
         model = item.get("model_path")
         if not isinstance(model, str) or not model:
-            _fail(f"{label} has no model_path: set {where}.model_path to the GGUF it serves")
+            _fail(f"{label} has no model_path: set {where + '.model_path' if index else 'llama_model_path'} to the "
+                  f"GGUF it serves")
         host = item.get("master", master)
         if host not in [master] + workers:
             _fail(f"{label}: master {host!r} is not a host of llama_master or llama_workers: set {where}.master "
@@ -154,7 +155,8 @@ def _check_ports(instances, hosts):
 def llama_instance_shares(instances, devices, shares=None):
     """What part of each device's memory each instance may plan with: {instance: {host: {device: fraction}}}.
 
-    `devices`: {host: [device names]} (each host's devices, as llama_rpc_worker.devices lists them). `shares`:
+    `devices`: {host: [device names]} (each host's devices, as llama_rpc_worker.devices lists them); None checks
+    only `shares` (before the devices are known), and returns {}. `shares`:
     {host: {instance: fraction}}, the hosts' `llama_instance_shares` (optional). A device used by several instances
     is split between them: by the host's shares where given, else evenly among those without one. Fails naming
     the host, the device and the instances when the shares on a device exceed 1, and an instance the shares name
@@ -170,6 +172,8 @@ def llama_instance_shares(instances, devices, shares=None):
                       f"declare ({', '.join(names)}): name one of them, or remove it")
             if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
                 _fail(f"{host}: llama_instance_shares[{name!r}] must be a fraction in (0, 1], got {fraction!r}")
+    if devices is None:
+        return {}
     users = {}
     for instance in instances:
         for worker in instance["workers"]:

@@ -204,3 +204,12 @@ def test_a_model_name_the_front_cannot_route_by():
           r"set llama_instances\[0\]\.served_name")
     fails([{"name": "w", "model_path": "/a.gguf"}, {"name": "watch", "model_path": "/b.gguf"}],
           r"llama_instances\[1\]\.name: 'watch' is taken")
+
+
+def test_the_shares_alone_are_checked_before_the_devices_are_known():
+    assert llama_instance_shares(instances(TWO), None, {"w2": {"code": 0.75}}) == {}
+    with pytest.raises(AnsibleFilterError, match=r"w1: llama_instance_shares names the instance 'x'"):
+        llama_instance_shares(instances(TWO), None, {"w1": {"x": 0.5}})
+    with pytest.raises(AnsibleFilterError, match=r"instance 'default' \(the cluster's own instance\) has no "
+                                                 r"model_path: set llama_model_path"):
+        llama_instances([TWO[0]], dict(SINGLE, model_path=""), "m", WORKERS, HOSTS)
