@@ -74,6 +74,14 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 LLAMA_UNITS = ("llama-rpc-server.service", "llama-server.service")
+# The other instances' (llama_instances): llama-server-NAME and llama-rpc-server-NAME, checked like the cluster's own.
+INSTANCE_UNIT = re.compile(r"llama-(rpc-)?server-[a-z][a-z0-9-]*\.service")
+OWN_UNITS = ("llama-server-watch.service",)
+
+
+def _llama_unit(name):
+    """A unit that runs a llama.cpp build: the cluster's own llama-server or RPC server, or another instance's."""
+    return name in LLAMA_UNITS or (bool(INSTANCE_UNIT.fullmatch(name)) and name not in OWN_UNITS)
 DRIFT_FIX = "site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs)"
 
 
@@ -108,7 +116,7 @@ def _check_node(node):
 
 def _drift(node, protos, cmdline_host):
     status = node["status"]
-    units = [unit for unit in status["units"] if unit["name"] in LLAMA_UNITS]
+    units = [unit for unit in status["units"] if _llama_unit(unit["name"])]
     return llama_drift(status["build"] or {}, node.get("commit"), protos, status.get("current", ""),
                        [unit["name"] for unit in units], [unit.get("show", "") for unit in units],
                        [unit.get("started", 0) for unit in units], status.get("switched", 0),
@@ -178,7 +186,7 @@ def llama_status_report(nodes, max_clock_offset=1.0, cache_warn_fraction=0.9, no
         for problem in _drift(node, protos, node.get("master")):
             problems.append(f"{host}: {_name_workers(problem, nodes)} (fix: {_drift_fix(problem)})")
         for unit in status.get("units") or []:
-            if unit["name"] not in LLAMA_UNITS and unit.get("load_state") != "not-found" \
+            if not _llama_unit(unit["name"]) and unit.get("load_state") != "not-found" \
                     and unit.get("active_state") != "active":
                 problems.append(f"{host}: {unit['name']} is {unit.get('active_state')} (fix: systemctl status "
                                 f"{unit['name']} and journalctl -u {unit['name']} say why; site.yml starts it)")

@@ -454,3 +454,18 @@ def test_health_is_asked_over_http(health_server):
     assert answer["status"] is None and "refused" in answer["error"]
     read = llama_node.read_node(install_root="/nonexistent", chrony=False, health={"server": url, "front": ""})
     assert read["health"] == {"server": {"url": url, "status": 503, "error": "Loading model"}}
+
+
+def test_another_instance_s_units_are_checked_like_the_cluster_s_own():
+    """llama_instances' llama-server-NAME and llama-rpc-server-NAME: stopped, or still on the build before an
+    upgrade, each is named; the worker watch is not one."""
+    nodes = cluster()
+    nodes[1]["status"]["units"].append(unit("llama-rpc-server-b.service", build_id="llama.cpp-old"))
+    nodes[2]["status"]["units"].append(unit("llama-server-b.service", active="inactive"))
+    nodes[0]["status"]["units"].append(unit("llama-server-watch.service", build_id=""))
+    problems = llama_status_report(nodes, now=NOW)["problems"]
+    assert problems == [
+        f"worker1: llama-rpc-server-b.service is set up for llama.cpp-old, not the active build {BUILD['build_id']} "
+        f"(fix: site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs))",
+        "worker2: llama-server-b.service is inactive, not active (fix: journalctl -u llama-server-b.service says why "
+        "it is inactive; systemd restarts it on a crash, site.yml starts it)"]

@@ -103,6 +103,28 @@ def test_each_instance_s_ports_admit_its_master_only(instances, master, workers)
     assert tcp_connects(master, worker1, TINY_RPC) and not tcp_connects(workers["worker2"], worker1, TINY_RPC)
 
 
+def test_status_checks_each_instance_s_units(instances, master, workers):
+    """status.yml reads the other instances' units where they run: the replica's llama-server stopped is named, with
+    its host; the other replica serves meanwhile."""
+    healthy = run_playbook("playbooks/status.yml", "-e", INSTANCES, "-e", "status_format=json")
+    assert healthy.returncode == 0, (healthy.stdout + healthy.stderr)[-4000:]
+    assert "llama-server-b.service" in healthy.stdout and "llama-rpc-server-tiny.service" in healthy.stdout, \
+        healthy.stdout[-4000:]
+    workers["worker2"].check_output("systemctl stop llama-server-b.service")
+    try:
+        stopped = run_playbook("playbooks/status.yml", "-e", INSTANCES)
+        assert http_json(master, SERVER_PORT, "/completion", PROMPT)["model"] == "smollm2"
+    finally:
+        workers["worker2"].check_output("systemctl start llama-server-b.service")
+    output = " ".join((stopped.stdout + stopped.stderr).split())
+    assert stopped.returncode != 0 and "worker2: llama-server-b.service is inactive, not active" in output, \
+        output[-4000:]
+    # b serves again, as the front's host sees it.
+    health = f"http://{address(workers['worker2'])}:{B_PORT}/health"
+    assert master.run(f"for i in $(seq 120); do python3 -c \"import urllib.request; urllib.request.urlopen('{health}', "
+                      f"timeout=2)\" 2>/dev/null && exit 0; sleep 1; done; exit 1").rc == 0, "b did not serve again"
+
+
 def test_a_replica_s_worker_killed_fails_no_request(instances, master, workers):
     event = "b's RPC server on worker1 killed"
     with ApiClients(master, groups=(("8 clients", 8, 0.5),)) as clients:
