@@ -128,6 +128,11 @@ def llama_instances(declared, single, master, workers, hosts=None):
     _check_ports(found, hosts)
     for instance in found:
         instance["replicas"] = [other["name"] for other in found if other["served_name"] == instance["served_name"]]
+        # The API front's names for it: its model's backend (the cluster's own model's is `llama_server`, as with one
+        # instance; another's `llama_server_` + its first instance's name) and its server there.
+        first = instance["replicas"][0]
+        instance["backend"] = "llama_server" if first == OWN else f"llama_server_{first}"
+        instance["server"] = "llama-server" if instance["index"] == 0 else instance["name"]
     return found
 
 
@@ -146,7 +151,8 @@ def _check_ports(instances, hosts):
         claims += [(worker["host"], worker["rpc_port"], named[1]) for worker in instance["workers"]]
         for host, port, variable in claims:
             holder = taken.get((host, port))
-            if holder:
+            # The cluster's own ports against the host's others: its roles' preflight says that, as without instances.
+            if holder and not (instance["index"] == 0 and not holder.startswith("instance ")):
                 _fail(f"instance {instance['name']!r}: port {port} on {host} ({variable}) is taken by {holder}: set "
                       f"{variable} to another port")
             taken[(host, port)] = f"instance {instance['name']!r} ({variable})"
@@ -253,13 +259,11 @@ def llama_front_routes(instances, host, addresses):
     reached on loopback, another at its master's address (`addresses`: {host: cluster address})."""
     routes = {}
     for instance in instances:
-        route = routes.setdefault(instance["served_name"], {
-            "model": instance["served_name"],
-            "backend": "llama_server" if instance["index"] == 0 else f"llama_server_{instance['name']}",
-            "servers": []})
+        route = routes.setdefault(instance["served_name"], {"model": instance["served_name"],
+                                                            "backend": instance["backend"], "servers": []})
         address = "127.0.0.1" if instance["master"] == host else addresses[instance["master"]]
         route["servers"].append({"name": instance["name"], "address": address, "port": instance["port"],
-                                 "server": "llama-server" if instance["index"] == 0 else instance["name"]})
+                                 "server": instance["server"]})
     return list(routes.values())
 
 

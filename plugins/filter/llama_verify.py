@@ -82,6 +82,8 @@ OWN_UNITS = ("llama-server-watch.service",)
 def _llama_unit(name):
     """A unit that runs a llama.cpp build: the cluster's own llama-server or RPC server, or another instance's."""
     return name in LLAMA_UNITS or (bool(INSTANCE_UNIT.fullmatch(name)) and name not in OWN_UNITS)
+
+
 DRIFT_FIX = "site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs)"
 
 

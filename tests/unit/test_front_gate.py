@@ -61,6 +61,20 @@ def render(template, dest, extra):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def start_front(haproxy, work, api):
+    """HAProxy in the foreground with the configuration rendered in `work` (its 503 answer put beside it), once the
+    front answers /health on `api` with 200."""
+    (work / "503.http").write_bytes((ROLE / "files" / "503.http").read_bytes())
+    process = subprocess.Popen([haproxy, "-db", "-f", str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while ask(api, "/health")[0] != 200:
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the front did not serve /health within 20 s"
+        time.sleep(0.2)
+    return process
+
+
 @pytest.fixture(scope="module")
 def front(tmp_path_factory, haproxy):
     """HAProxy with the front's rendered configuration on a free port, before a stand-in llama-server; its runtime
@@ -78,15 +92,8 @@ def front(tmp_path_factory, haproxy):
              "__llama_front_gate": f"unix@{run_dir}/gate.sock"}
     for template in ("haproxy.cfg", "llama-front.lua"):
         render(f"{template}.j2", work / template, extra)
-    (work / "503.http").write_bytes((ROLE / "files" / "503.http").read_bytes())
     stand_in = subprocess.Popen([sys.executable, str(STAND_IN), str(internal)])
-    process = subprocess.Popen([haproxy, "-db", "-f", str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    while ask(api, "/health")[0] != 200:
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.monotonic() < deadline, "the front did not serve /health within 20 s"
-        time.sleep(0.2)
+    process = start_front(haproxy, work, api)
     time.sleep(0.5)  # the gate's probe has seen llama-server healthy
     yield {"port": api, "internal": internal, "run_dir": run_dir, "config": work / "haproxy.cfg"}
     process.send_signal(signal.SIGTERM)

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from test_front_gate import KEY, ROLE, STAND_IN, ask, control, free_port, render, seen
+from test_front_gate import KEY, ROLE, STAND_IN, ask, control, free_port, render, seen, start_front
 
 HOLD = 16
 
@@ -25,9 +25,12 @@ def replicas(tmp_path_factory, haproxy):
     run_dir.mkdir()
     api, own, replica, other = free_port(), free_port(), free_port(), free_port()
     instances = [
-        {"index": 0, "name": "default", "served_name": "smollm2", "master": "localhost", "port": own},
-        {"index": 1, "name": "b", "served_name": "smollm2", "master": "localhost", "port": replica},
-        {"index": 2, "name": "tiny", "served_name": "tiny", "master": "localhost", "port": other}]
+        {"index": 0, "name": "default", "served_name": "smollm2", "master": "localhost", "port": own,
+         "backend": "llama_server", "server": "llama-server"},
+        {"index": 1, "name": "b", "served_name": "smollm2", "master": "localhost", "port": replica,
+         "backend": "llama_server", "server": "b"},
+        {"index": 2, "name": "tiny", "served_name": "tiny", "master": "localhost", "port": other,
+         "backend": "llama_server_tiny", "server": "tiny"}]
     extra = {"llama_server_host": "127.0.0.1", "llama_server_port": api, "llama_server_internal_port": own,
              "llama_front_hold_seconds": HOLD, "llama_front_retry_after": 7,
              "llama_front_listen": {"enabled": True, "metrics_path": "", "hold_seconds": HOLD, "drain_seconds": 30},
@@ -37,15 +40,8 @@ def replicas(tmp_path_factory, haproxy):
              "__llama_front_gate": f"unix@{run_dir}/gate.sock"}
     for template in ("haproxy.cfg", "llama-front.lua"):
         render(f"{template}.j2", work / template, extra)
-    (work / "503.http").write_bytes((ROLE / "files" / "503.http").read_bytes())
     stand_ins = [subprocess.Popen([sys.executable, str(STAND_IN), str(port)]) for port in (own, replica, other)]
-    process = subprocess.Popen([haproxy, "-db", "-f", str(work / "haproxy.cfg")], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    while ask(api, "/health")[0] != 200:
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.monotonic() < deadline, "the front did not serve /health within 20 s"
-        time.sleep(0.2)
+    process = start_front(haproxy, work, api)
     time.sleep(1.5)  # the gate's probes and HAProxy's health checks have seen every stand-in serve
     yield {"port": api, "own": own, "replica": replica, "other": other, "run_dir": run_dir}
     process.send_signal(signal.SIGTERM)
@@ -168,15 +164,42 @@ def test_a_request_waits_while_its_only_serving_replica_is_drained(replicas):
         assert drain(replicas["run_dir"], "--server", "llama_server/llama-server", "5").returncode == 0
         before = refused(replicas["run_dir"])
         ended = []
-        threading.Timer(2.0, lambda: ended.append((drain(replicas["run_dir"], "--server",
-                                                         "llama_server/llama-server", "--end"), time.monotonic())))\
+        # (when --end began, its result): it returns once HAProxy's check sees llama-server back, maybe after the answer.
+        threading.Timer(2.0, lambda: ended.append((time.monotonic(), drain(replicas["run_dir"], "--server",
+                                                                           "llama_server/llama-server", "--end"))))\
             .start()
         answer = ask(replicas["port"], "/completion", {"prompt": "Hi", "model": "smollm2"})
         answered = time.monotonic()
         assert answer[0] == 200, answer
-        assert ended and ended[0][0].returncode == 0 and answered >= ended[0][1], "answered before the drain ended"
+        assert ended and ended[0][1].returncode == 0 and answered >= ended[0][0], "answered before the drain ended"
         assert refused(replicas["run_dir"]) == before, "the gate passed it to a backend with no server to take it"
     finally:
         control(replicas["replica"], down=False)
         drain(replicas["run_dir"], "--server", "llama_server/llama-server", "--end")
     wait_status(replicas, "UP")
+
+
+def test_a_planned_stop_of_the_cluster_s_own_llama_server_drains_it_alone(replicas):
+    """llama-server's ExecStop (llama-front-drain SECONDS PID) while replica b serves: only llama-server is drained
+    (no hold: every request sent meanwhile goes to b at once), then the process is stopped; its ExecStopPost
+    (--end) puts it back in service."""
+    wait_status(replicas, "UP")
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        done = drain(replicas["run_dir"], "30", str(process.pid))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "another replica of the model serves (b)" in done.stdout and "llama_server/llama-server drained in" \
+            in done.stdout, done.stdout
+        assert process.wait(timeout=10) is not None
+        assert stat(replicas["run_dir"], "llama-server", "status").startswith("DRAIN")
+        before = completions(replicas["replica"])
+        for _ in range(4):
+            begun = time.monotonic()
+            assert ask(replicas["port"], "/completion", {"prompt": "Hi", "model": "smollm2"})[0] == 200
+            assert time.monotonic() - begun < 1.5
+        assert completions(replicas["replica"]) == before + 4
+    finally:
+        process.kill()
+        assert drain(replicas["run_dir"], "--end").returncode == 0
+    assert stat(replicas["run_dir"], "llama-server", "status").startswith("UP")
+    assert not (replicas["run_dir"] / "drain").exists()  # never held

@@ -56,6 +56,8 @@ def test_two_models_get_their_own_units_ports_and_settings():
     assert (chat["ctx_size"], code["ctx_size"]) == (4096, 8192)
     assert own["default"] and not chat["default"] and not code["default"]
     assert chat["served_name"] == "c" and chat["replicas"] == ["chat"]
+    assert (own["backend"], own["server"], code["backend"], code["server"]) == ("llama_server", "llama-server",
+                                                                               "llama_server_code", "code")
     assert chat["model_sha256"] == ""  # an instance's checksum is its own, never the cluster's
 
 
@@ -64,6 +66,7 @@ def test_instances_serving_one_model_are_replicas():
                 {"name": "b", "model_path": "/m.gguf", "served_name": "smollm2", "workers": ["w2"]}]
     own, first, second = instances(declared)
     assert own["replicas"] == first["replicas"] == ["default", "a"]  # the same file name: the same model
+    assert first["backend"] == "llama_server" and first["server"] == "a"
     assert second["replicas"] == ["b"] and second["served_name"] == "smollm2"
 
 
@@ -213,3 +216,13 @@ def test_the_shares_alone_are_checked_before_the_devices_are_known():
     with pytest.raises(AnsibleFilterError, match=r"instance 'default' \(the cluster's own instance\) has no "
                                                  r"model_path: set llama_model_path"):
         llama_instances([TWO[0]], dict(SINGLE, model_path=""), "m", WORKERS, HOSTS)
+
+
+def test_the_cluster_s_own_ports_are_left_to_its_roles_preflight():
+    """llama_server_internal_port equal to the front's port is the llama_server role's preflight error, as without
+    instances (the cluster scenario's refusal run expects it); an instance on it is still named."""
+    hosts = dict(HOSTS, m={"reserved": {8081: "the API front (llama_server_port)"}})
+    (own,) = instances([], hosts)
+    assert own["port"] == 8081
+    fails([{"name": "b", "model_path": "/b.gguf", "port": 8081}], r"instance 'b': port 8081 on m .* is taken by "
+                                                                   r"instance 'default'", hosts)

@@ -15,10 +15,13 @@ import time
 import pytest
 from cluster_helpers import (SERVER_PORT, ApiClients, address, http, http_json, recap, run_playbook,
                              single_process_completion, tcp_connects)
+from suite_report import figures
 
 INSTANCES = json.dumps({"llama_instances": [
     {"name": "b", "model_path": "/srv/models/smollm2.gguf", "master": "worker2", "workers": ["worker1"]},
     {"name": "tiny", "model_path": "/srv/models/tiny.gguf", "workers": ["worker1"]}]})
+# The same, with a setting every instance inherits changed (test_a_settings_change_restarts_one_replica_at_a_time).
+CHANGED = json.dumps(dict(json.loads(INSTANCES), llama_server_parallel=2))
 PROMPT = {"prompt": "The capital of France is", "n_predict": 16, "temperature": 0, "seed": 1234,
           "cache_prompt": False}
 # The other instances' ports: llama_server_internal_port (8081) + 1 and + 2, llama_rpc_port (50052) + 1 and + 2.
@@ -85,12 +88,29 @@ def test_an_unknown_model_is_a_404_naming_the_served_ones(instances, master):
 
 
 def test_the_replicas_share_the_load(instances, master):
+    """8 clients asking back to back: both replicas take requests; then b drained (llama-front-drain --server), the
+    cluster's own alone. Requests/s of each, and their ratio (2 shared cores: little gain is expected)."""
     before = sent_to(master)
-    with ApiClients(master, groups=(("8 clients", 8, 0.5),)) as clients:
-        time.sleep(5)
+    drain = "/usr/local/sbin/llama-front-drain --server llama_server/b"
+    with ApiClients(master, groups=(("8 clients", 8, 0.0),)) as clients:
+        clients.event("two replicas")
+        time.sleep(8)
+        sent = {key: total - before.get(key, 0) for key, total in sent_to(master).items()}
+        master.check_output(f"{drain} 30")
+        clients.event("one replica (b drained)")
+        time.sleep(8)
+        clients.event("end")
+    master.check_output(f"{drain} --end")
     clients.assert_none_failed()
-    sent = {key: total - before.get(key, 0) for key, total in sent_to(master).items()}
     assert sent[("llama_server", "llama-server")] >= 4 and sent[("llama_server", "b")] >= 4, sent
+    (_, two), (_, one), (_, end) = clients.events
+    # Requests begun in each window, per second (the second from its first second on: the drain's own wait).
+    rates = {name: len([r for r in clients.results["8 clients"] if since <= r[0] < until]) / (until - since)
+             for name, since, until in (("two", two, one), ("one", one + 1, end))}
+    assert rates["one"] > 0 and rates["two"] > 0, rates
+    figures("SmolLM2, 8 clients asking back to back through the front (requests/s)",
+            [f"two replicas: {rates['two']:.2f}; one replica: {rates['one']:.2f}; "
+             f"ratio {rates['two'] / rates['one']:.2f}"])
 
 
 def test_each_instance_s_ports_admit_its_master_only(instances, master, workers):
@@ -137,7 +157,37 @@ def test_a_replica_s_worker_killed_fails_no_request(instances, master, workers):
     assert clients.longest()[event] < 5, clients.windows()
 
 
+def test_a_settings_change_restarts_one_replica_at_a_time(instances, master, workers):
+    """site.yml with another llama_server_parallel, which every instance inherits: b restarts first, drained at the
+    front (llama-front-drain --server), then the cluster's own llama-server, drained alone by its ExecStop while b
+    serves. Clients of the model see no outage: none fails, none waits a second longer than before."""
+    since = master.check_output("date +%s")
+    pids = {name: host.check_output(f"systemctl show -p MainPID --value {unit}")
+            for name, host, unit in (("default", master, "llama-server.service"),
+                                     ("b", workers["worker2"], "llama-server-b.service"))}
+    with ApiClients(master) as clients:
+        clients.event("before")
+        time.sleep(4)
+        clients.event("site.yml: llama_server_parallel 2, two replicas")
+        result = run_playbook("site.yml", "-e", CHANGED)
+        clients.event("after")
+        time.sleep(2)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for name, host, unit in (("default", master, "llama-server.service"),
+                             ("b", workers["worker2"], "llama-server-b.service")):
+        assert host.check_output(f"systemctl show -p MainPID --value {unit}") != pids[name], f"{name} kept its process"
+        assert " -np 2 " in host.check_output(f"systemctl show -p ExecStart --value {unit}"), name
+    # b was drained at the front before its restart, the cluster's own alone by its ExecStop while b served.
+    drains = master.check_output(f"journalctl -o cat -t llama-front-drain --since @{since}; "
+                                 f"journalctl -o cat -u llama-server.service --since @{since}")
+    assert "llama_server/b drained in" in drains and "another replica of the model serves (b)" in drains, drains
+    clients.report("through the front, a settings change with two replicas:")
+    clients.assert_none_failed()
+    longest = clients.longest()
+    assert longest["site.yml: llama_server_parallel 2, two replicas"] < longest["before"] + 1.0, clients.windows()
+
+
 def test_a_second_run_changes_nothing(instances):
-    again = run_playbook("site.yml", "-e", INSTANCES)
+    again = run_playbook("site.yml", "-e", CHANGED)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.stdout[-4000:]
