@@ -137,12 +137,12 @@ def llama_instances(declared, single, master, workers, hosts=None):
 
 
 def _check_ports(instances, hosts):
-    """Two users of one TCP port on one host: two instances, or an instance and a port the host uses already
-    (`hosts[host].reserved`: {port: what holds it})."""
+    """Two users of one TCP port on one host: two instances, or another instance and a port the host uses already
+    (`hosts[host].reserved`: {port: what holds it}). The cluster's own ports against the host's others are its roles'
+    preflight checks, as without instances."""
+    reserved = {(host, int(port)): holder for host, facts in hosts.items()
+                for port, holder in ((facts or {}).get("reserved") or {}).items()}
     taken = {}
-    for host, facts in hosts.items():
-        for port, holder in ((facts or {}).get("reserved") or {}).items():
-            taken[(host, int(port))] = holder
     for instance in instances:
         where = instance["where"]
         named = (f"{where}.port", f"{where}.rpc_port") if instance["index"] else \
@@ -150,9 +150,8 @@ def _check_ports(instances, hosts):
         claims = [(instance["master"], instance["port"], named[0])]
         claims += [(worker["host"], worker["rpc_port"], named[1]) for worker in instance["workers"]]
         for host, port, variable in claims:
-            holder = taken.get((host, port))
-            # The cluster's own ports against the host's others: its roles' preflight says that, as without instances.
-            if holder and not (instance["index"] == 0 and not holder.startswith("instance ")):
+            holder = taken.get((host, port)) or (reserved.get((host, port)) if instance["index"] else None)
+            if holder:
                 _fail(f"instance {instance['name']!r}: port {port} on {host} ({variable}) is taken by {holder}: set "
                       f"{variable} to another port")
             taken[(host, port)] = f"instance {instance['name']!r} ({variable})"
