@@ -26,6 +26,10 @@ On the running cluster (any inventory):
       playbooks/calibrate.yml.
   C1  32 concurrent clients through the API for 60 s, more than llama-server's slots (each sends a 4-token completion
       as soon as its last one is answered): failed requests ÷ requests sent, with the latencies beside.
+  R1  8 clients asking back to back through the front, for 20 s each way: requests/s with a replica of the model
+      (llama_instances: `bench`, its llama-server on the master over every worker, its own RPC servers beside
+      theirs) ÷ the cluster's own alone (the replica drained at the front); site.yml adds the replica, and removes it
+      after.
 
 The cluster is exclusive while it runs: it is stopped, re-planned and restarted; P5 and P6 leave it as they found it.
 Usage: tools/bench.py [-i inventory/demo] [--figures P1,P2b,...] [--repeat 3] [--fresh] [--out bench]
@@ -56,8 +60,10 @@ import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
 from cluster_helpers import (  # noqa: E402  # pylint: disable=wrong-import-position
     ApiClients, cmdline, main_pid, option, recap, run_playbook, wait_health)
 
-MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6", "C1", "L1", "L2", "L3", "L4", "L5", "M1")
+MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6", "C1", "R1", "L1", "L2", "L3", "L4", "L5", "M1")
 C1_CLIENTS, C1_SECONDS = 32, 60
+# R1: clients asking back to back, and the seconds measured with two replicas, then with one.
+R1_CLIENTS, R1_SECONDS = 8, 20
 # Large models over a shaped link: a cluster of their own (tools/bench_large.py), made and removed for them.
 LARGE = ("L1", "L2", "L3", "L4", "L5", "M1")
 FRESH = ("P1", "P2b", "UP", "P9", "P3")
@@ -408,6 +414,41 @@ def measure_c1(inventory, facts):
                f"requests, latency p50 {row['p50']:.2f} s, p99 {row['p99']:.2f} s, max {row['max']:.2f} s"])
 
 
+def measure_r1(inventory, facts):
+    """R1: R1_CLIENTS clients asking back to back through the front, with a replica of the model (docs/instances.md)
+    beside the cluster's own, then with the replica drained: requests/s of each."""
+    master = host(inventory, facts["master"])
+    replica = {"name": "bench", "model_path": facts["model_path"], "served_name": facts["served_name"],
+               "workers": list(facts["rpc_units"])}
+    profiles = []
+    seconds, _, profile = timed_playbook(inventory, "site.yml", "-e", json.dumps({"llama_instances": [replica]}))
+    profiles.append(profiled("site.yml with a replica", seconds, profile))
+    drain = "/usr/local/sbin/llama-front-drain --server llama_server/bench"
+    group = f"{R1_CLIENTS} clients"
+    try:
+        with ApiClients(master, groups=((group, R1_CLIENTS, 0.0),), port=api_port(facts),
+                        key=api_key(master, facts)) as clients:
+            clients.event("two replicas")
+            time.sleep(R1_SECONDS)
+            master.check_output(f"{drain} 60")
+            clients.event("one replica")
+            time.sleep(R1_SECONDS)
+            clients.event("end")
+        master.run(f"{drain} --end")
+    finally:
+        seconds, _, profile = timed_playbook(inventory, "site.yml")
+        profiles.append(profiled("site.yml without it", seconds, profile))
+    (_, two), (_, one), (_, end) = clients.events
+    # Requests begun in each window, per second (the second window from its second second on: the drain's own wait).
+    rates = {name: len([r for r in clients.results[group] if since <= r[0] < until]) / (until - since)
+             for name, since, until in (("two", two, one), ("one", one + 1, end))}
+    failed = clients.failed()[group]
+    return bench_report.figure(
+        "R1", [rates["two"]], [rates["one"]], profile=profiles, failures=failed[:10],
+        notes=[f"{R1_CLIENTS} clients back to back, {R1_SECONDS} s each way: two replicas {rates['two']:.2f} "
+               f"requests/s, one {rates['one']:.2f}; {len(failed)} failed of {len(clients.results[group])}"])
+
+
 def read_facts(inventory):
     """The master's settings from the cluster's facts (tools/bench-facts.yml)."""
     with tempfile.TemporaryDirectory(prefix="llama-bench-facts-") as directory:
@@ -463,10 +504,12 @@ def main(argv=None):
         import bench_large  # noqa: E402  # pylint: disable=import-outside-toplevel
 
         measured(bench_large.measure(args.repeat, switch_report, [name for name in wanted if name in LARGE]))
-    if set(wanted) & {"P5", "P6", "C1"}:
+    if set(wanted) & {"P5", "P6", "C1", "R1"}:
         facts = read_facts(inventory)
         if "C1" in wanted:
             measured({"C1": measure_c1(inventory, facts)})
+        if "R1" in wanted:
+            measured({"R1": measure_r1(inventory, facts)})
         if "P5" in wanted:
             measured({"P5": measure_p5(inventory, facts, args.repeat)})
         if "P6" in wanted:

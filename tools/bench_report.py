@@ -66,6 +66,8 @@ SPECS = {spec.id: spec for spec in (
          Goal("<=", 0), unit="requests"),
     Spec("C1", "failed requests, 32 concurrent clients for 60 s", "requests not answered 200 with tokens",
          "requests sent", Goal("<=", 0), unit="requests"),
+    Spec("R1", "two replicas ÷ one, 8 clients back to back", "requests/s with a replica of the model",
+         "requests/s of the cluster's own alone", Goal(">=", 1.0), unit="requests/s"),
     Spec("M1", "master memory during a load ÷ model size", "llama-server's peak resident memory, default load mode",
          "the model's bytes", Goal("<=", 0.25), unit="bytes"),
 )}

@@ -205,8 +205,9 @@ def llama_instance_shares(instances, devices, shares=None):
 
 
 def llama_instance_workers(instances, host, worker=None, addresses=None):
-    """The RPC servers `host` runs for the instances besides the cluster's own: [{name, unit, port, devices, master}]
-    (devices: the names it exposes to that instance, empty = all of the worker's; master: the host that dials it).
+    """The RPC servers `host` runs for the instances besides the cluster's own: [{name, unit, port, devices, master,
+    server_unit}] (devices: the names it exposes to that instance, empty = all of the worker's; master: the host that
+    dials it; server_unit: the llama-server unit there).
     With `worker` (the host's llama_rpc_worker), each also has `worker`: that dict as the instance sees it (its unit,
     port, endpoint and devices). With `addresses` ({host: cluster address}), each also has `peer` (its master's
     address, the only one its RPC server admits) and `rule` (the firewall's, as role llama_access lists them)."""
@@ -216,7 +217,7 @@ def llama_instance_workers(instances, host, worker=None, addresses=None):
             if entry["host"] != host:
                 continue
             item = {"name": instance["name"], "unit": instance["rpc_unit"], "port": entry["rpc_port"],
-                    "devices": entry["devices"], "master": instance["master"]}
+                    "devices": entry["devices"], "master": instance["master"], "server_unit": instance["unit"]}
             if worker is not None:
                 available = list(worker.get("devices") or [])
                 names = [device["name"] for device in available]

@@ -276,7 +276,7 @@ def llama_status_table(report, now=None):
     """The report as lines: the nodes, their units, the devices of the plan, the model, the front, the verdict."""
     now = time.time() if now is None else now
     nodes = [("host", "role", "address", "build", "RAM used/total", "clock", "master holds it", "RPC cache")]
-    units = [("host", "unit", "state", "for", "restarts", "memory")]
+    units = [("host", "unit", "instance", "state", "for", "restarts", "memory")]
     devices = [("device", "host", "layers planned", "loaded", "bytes planned", "weights loaded",
                 "its RPC server holds")]
     for node in report["nodes"]:
@@ -297,7 +297,8 @@ def llama_status_table(report, now=None):
             (f"{_size(cache['bytes'])}/{_size(cache['cap_bytes'])}" if cache["cap_bytes"] else _size(cache["bytes"]))
             if cache else "-"))
         for unit in node["units"]:
-            units.append((node["host"], unit["name"].removesuffix(".service"), unit["state"],
+            units.append((node["host"], unit["name"].removesuffix(".service"),
+                          llama_node.unit_instance(unit["name"]).get("llama_instance", ""), unit["state"],
                           _ago(unit["since"], now), unit["restarts"], _size(unit["memory_bytes"])))
         held = next((unit["memory_bytes"] for unit in node["units"] if unit["name"] == "llama-rpc-server.service"),
                     None)
@@ -306,7 +307,7 @@ def llama_status_table(report, now=None):
                             "?" if device.get("layers_loaded") is None else device["layers_loaded"],
                             _size(device["planned_bytes"]), _size(device.get("loaded_bytes")), _size(held)))
         for gpu in node["gpus"]:
-            units.append((node["host"], f"GPU{gpu['index']} {gpu['name']}", "", "", "",
+            units.append((node["host"], f"GPU{gpu['index']} {gpu['name']}", "", "", "", "",
                           f"{gpu['used_mib']}/{gpu['total_mib']} MiB"))
     lines = _columns(nodes) + [""] + _columns(units)
     if len(devices) > 1:

@@ -381,6 +381,20 @@ def missing_endpoints(cmdline, connections):
     return planned, [endpoint for endpoint in planned if endpoint not in held]
 
 
+INSTANCE_UNIT = re.compile(r"^llama-(?:rpc-)?server(?:-(?P<name>.+))?\.service$")
+
+
+def unit_instance(unit):
+    """{"llama_instance": NAME} for a unit of an instance (llama_instances, docs/instances.md): `default` for the
+    cluster's own llama-server and RPC server, NAME for llama-server-NAME and llama-rpc-server-NAME; {} for another
+    unit (llama-server-watch is the cluster's own watcher, not an instance). Not `instance`: Prometheus gives that
+    label the target."""
+    match = INSTANCE_UNIT.match(unit)
+    if not match or match.group("name") == "watch":
+        return {}
+    return {"llama_instance": match.group("name") or "default"}
+
+
 def node_metrics(read, node, now=None):
     """The Prometheus text of one node: `read` is read_node()'s result, `node` says what the node is ({master,
     worker (bools), address, rpc_port, master_address, cache_max_mib})."""
@@ -393,10 +407,11 @@ def node_metrics(read, node, now=None):
                                                      "build_id": build.get("build_id", "")}, 1))
     units = {unit["name"]: unit for unit in read.get("units") or [] if unit.get("load_state") != "not-found"}
     for name, unit in units.items():
-        samples.append(("llama_cluster_unit_active", {"unit": name}, int(unit.get("active_state") == "active")))
-        samples.append(("llama_cluster_unit_restarts_total", {"unit": name}, unit.get("restarts", 0)))
+        labels = dict({"unit": name}, **unit_instance(name))
+        samples.append(("llama_cluster_unit_active", labels, int(unit.get("active_state") == "active")))
+        samples.append(("llama_cluster_unit_restarts_total", labels, unit.get("restarts", 0)))
         if unit.get("memory_bytes") is not None:
-            samples.append(("llama_cluster_unit_memory_bytes", {"unit": name}, unit["memory_bytes"]))
+            samples.append(("llama_cluster_unit_memory_bytes", labels, unit["memory_bytes"]))
     if node.get("worker"):
         rpc = units.get("llama-rpc-server.service", {})
         samples.append(("llama_cluster_worker_up", {}, int(rpc.get("active_state") == "active")))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "llama_monitor"
 ALERTS = ["LlamaTargetDown", "LlamaMetricsMissing", "LlamaWorkerDown", "LlamaWorkerNotConnected",
           "LlamaFewerDevicesThanPlanned", "LlamaMasterDown", "LlamaApiUnhealthy", "LlamaFrontDown",
-          "LlamaBuildDrift", "LlamaClockOffset", "LlamaRpcCacheNearCap", "LlamaFrontHolding",
+          "LlamaInstanceUnitDown", "LlamaBuildDrift", "LlamaClockOffset", "LlamaRpcCacheNearCap", "LlamaFrontHolding",
           "LlamaExporterStale"]
 HEALTHY = {  # series: values (one every 15 s, 45 of them: 11 minutes)
     'up{job="llama-node",instance="master"}': "1x45",
@@ -26,6 +26,8 @@ HEALTHY = {  # series: values (one every 15 s, 45 of them: 11 minutes)
     'llama_cluster_api_healthy{instance="master",path="front"}': "1x45",
     'llama_cluster_unit_active{instance="master",unit="llama-front.service"}': "1x45",
     'llama_cluster_unit_restarts_total{instance="master",unit="llama-server.service"}': "2x45",
+    'llama_cluster_unit_active{instance="master",unit="llama-server.service",llama_instance="default"}': "1x45",
+    'llama_cluster_unit_active{instance="worker2",unit="llama-server-b.service",llama_instance="b"}': "1x45",
     'llama_cluster_build_info{instance="worker2",commit="c1"}': "1x45",
     'llama_cluster_exporter_timestamp_seconds{instance="master"}': "0+15x45",
     'llama_cluster_exporter_timestamp_seconds{instance="worker2"}': "0+15x45",
@@ -56,6 +58,10 @@ CASES = {
                           {"instance": "master", "path": "server", "severity": "critical"}, 0),
     "LlamaFrontDown": ({'llama_cluster_unit_active{instance="master",unit="llama-front.service"}': "1 1 0x43"},
                        "1m", "2m", {"instance": "master", "unit": "llama-front.service", "severity": "critical"}, 0),
+    "LlamaInstanceUnitDown": (
+        {'llama_cluster_unit_active{instance="worker2",unit="llama-server-b.service",llama_instance="b"}': "1 1 0x43"},
+        "1m", "2m", {"instance": "worker2", "unit": "llama-server-b.service", "llama_instance": "b",
+                     "severity": "critical"}, 0),
     "LlamaWorkerDown": ({'llama_cluster_worker_up{instance="worker1"}': "1 1 0x43"}, "1m", "2m",
                         {"instance": "worker1", "severity": "critical"}, 0),
     "LlamaWorkerNotConnected": ({'llama_cluster_worker_connected{instance="worker2"}': "1 1 0x43"}, "1m", "2m",

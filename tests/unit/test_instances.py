@@ -151,10 +151,12 @@ def test_a_device_the_worker_does_not_have():
 def test_a_worker_runs_one_rpc_server_per_other_instance_that_uses_it():
     found = instances(TWO)
     assert llama_instance_workers(found, "w1") == [
-        {"name": "chat", "unit": "llama-rpc-server-chat.service", "port": 50053, "devices": [], "master": "m"}]
+        {"name": "chat", "unit": "llama-rpc-server-chat.service", "port": 50053, "devices": [], "master": "m",
+         "server_unit": "llama-server-chat.service"}]
     assert [entry["name"] for entry in llama_instance_workers(found, "w2")] == ["chat", "code"]
     assert llama_instance_workers(found, "w3") == [
-        {"name": "code", "unit": "llama-rpc-server-code.service", "port": 50062, "devices": ["CUDA0"], "master": "w1"}]
+        {"name": "code", "unit": "llama-rpc-server-code.service", "port": 50062, "devices": ["CUDA0"], "master": "w1",
+         "server_unit": "llama-server-code.service"}]
     assert llama_instance_workers(instances([]), "w1") == []
 
 

@@ -13,7 +13,7 @@ from ansible_collections.llamacpp.rpc_cluster.plugins.modules import llama_node_
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.testing import patch_module_args
-from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_verify import llama_status_report
+from ansible_collections.llamacpp.rpc_cluster.plugins.filter.llama_verify import llama_status_report, llama_status_table
 
 NODE_READER = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "llama_node.py"
 NOW = 1_800_000_000.0
@@ -249,12 +249,29 @@ def test_a_worker_s_metrics():
     assert samples[("llama_cluster_worker_connected", "")] == 1
     assert samples[("llama_cluster_rpc_cache_bytes", "")] == 100 << 20
     assert samples[("llama_cluster_rpc_cache_max_bytes", "")] == 1024 << 20
-    assert samples[("llama_cluster_unit_active", 'unit="llama-rpc-server.service"')] == 1
+    assert samples[("llama_cluster_unit_active", 'unit="llama-rpc-server.service",llama_instance="default"')] == 1
     assert samples[("llama_cluster_build_info", f'commit="{BUILD["commit"]}",backend="cpu",protocol="3.0.0",'
                                                 f'build_id="{BUILD["build_id"]}"')] == 1
     assert samples[("llama_cluster_exporter_timestamp_seconds", "")] == NOW
     lonely = llama_node.node_metrics(dict(worker["status"], connections=[]), dict(worker, master_address="10.0.0.1"))
     assert exposition(lonely)[("llama_cluster_worker_connected", "")] == 0
+
+
+def test_each_instance_s_units_carry_its_name():
+    """llama_instance: `default` for the cluster's own units, NAME for llama-(rpc-)server-NAME, none for the watcher
+    and the front (the alert LlamaInstanceUnitDown reads it)."""
+    assert [llama_node.unit_instance(unit) for unit in (
+        "llama-server.service", "llama-rpc-server.service", "llama-server-b.service", "llama-rpc-server-tiny.service",
+        "llama-server-watch.service", "llama-front.service")] == [
+        {"llama_instance": "default"}, {"llama_instance": "default"}, {"llama_instance": "b"},
+        {"llama_instance": "tiny"}, {}, {}]
+    worker = cluster()[1]
+    read = dict(worker["status"], units=[*worker["status"]["units"], {
+        "name": "llama-rpc-server-b.service", "load_state": "loaded", "active_state": "failed", "restarts": 4}])
+    samples = exposition(llama_node.node_metrics(read, dict(worker, master_address="10.0.0.1"), now=NOW))
+    labels = 'unit="llama-rpc-server-b.service",llama_instance="b"'
+    assert samples[("llama_cluster_unit_active", labels)] == 0
+    assert samples[("llama_cluster_unit_restarts_total", labels)] == 4
 
 
 def test_the_master_s_metrics_count_the_endpoints_it_holds():
@@ -469,3 +486,9 @@ def test_another_instance_s_units_are_checked_like_the_cluster_s_own():
         f"(fix: site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs))",
         "worker2: llama-server-b.service is inactive, not active (fix: journalctl -u llama-server-b.service says why "
         "it is inactive; systemd restarts it on a crash, site.yml starts it)"]
+    # The units table's instance column.
+    table = llama_status_table(llama_status_report(nodes, now=NOW), now=NOW)
+    rows = {tuple(line.split()[:3]) for line in table}
+    assert {("worker1", "llama-rpc-server-b", "b"), ("worker2", "llama-server-b", "b"),
+            ("master", "llama-server", "default")} <= rows, table
+    assert any(line.split()[:3] == ["master", "llama-server-watch", "active"] for line in table), table

@@ -6,15 +6,18 @@
 
 worker1's CPU is shared by three RPC servers, one per instance. The front lists both models, routes by the request's
 `model` and balances the two replicas; each instance's ports admit its own master only; a second run changes
-nothing; a replica's worker killed fails no request; and a run without llama_instances removes their units and
-rules, leaving the converged cluster for test_mixed.py."""
+nothing; a replica's worker killed fails no request; a settings change and upgrade.yml (both release groups in
+lockstep to 2cabdd3) restart one replica at a time, with no outage; and a run without llama_instances removes their
+units and rules, leaving the upgraded cluster for test_debian13_master.py."""
 
 import json
+import re
 import time
 
 import pytest
-from cluster_helpers import (SERVER_PORT, ApiClients, address, http, http_json, recap, run_playbook,
-                             single_process_completion, tcp_connects)
+from cluster_helpers import (SERVER_PORT, ApiClients, address, http, http_json, monotonic, recap, run_playbook,
+                             single_process_completion, tcp_connects, wait_health)
+from mixed_helpers import ASK, CACHED_SHARE, COMMIT, NEW_COMMIT, NEW_VARS, build, ledger
 from suite_report import figures
 
 INSTANCES = json.dumps({"llama_instances": [
@@ -22,8 +25,14 @@ INSTANCES = json.dumps({"llama_instances": [
     {"name": "tiny", "model_path": "/srv/models/tiny.gguf", "workers": ["worker1"]}]})
 # The same, with a setting every instance inherits changed (test_a_settings_change_restarts_one_replica_at_a_time).
 CHANGED = json.dumps(dict(json.loads(INSTANCES), llama_server_parallel=2))
+# The same, upgraded (test_upgrade_rolls_through_the_replicas).
+UPGRADED = json.dumps(dict(json.loads(CHANGED), **json.loads(NEW_VARS)))
 PROMPT = {"prompt": "The capital of France is", "n_predict": 16, "temperature": 0, "seed": 1234,
           "cache_prompt": False}
+# The clients of the windows that last a playbook run (a normal answer, the settings change, the upgrade): 4 asking
+# every 2 s, a request every half second on average, which sees any wait of a second. The suite's usual clients (18
+# requests a second) cost the cores about 0.6 of one for as long as a run lasts, minutes on a loaded machine.
+ROLLING = (("4 clients", 4, 2.0),)
 # The other instances' ports: llama_server_internal_port (8081) + 1 and + 2, llama_rpc_port (50052) + 1 and + 2.
 B_PORT, B_RPC, TINY_RPC = 8082, 50053, 50054
 STATS = """
@@ -53,7 +62,8 @@ def instances(master, workers):
     result = run_playbook("site.yml", "-e", INSTANCES)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     yield result
-    removed = run_playbook("site.yml")
+    # On the build upgrade.yml moved to, once it did.
+    removed = run_playbook("site.yml", "-e", NEW_VARS if build(master)["commit"] == NEW_COMMIT else "{}")
     assert removed.returncode == 0, (removed.stdout + removed.stderr)[-4000:]
     for name, host in {"master": master, "worker2": workers["worker2"]}.items():
         assert not host.run("ls /etc/systemd/system/llama-server-*.service | grep -v watch").stdout, name
@@ -61,6 +71,21 @@ def instances(master, workers):
     assert not tcp_connects(workers["worker2"], address(workers["worker1"]), B_RPC)
     listed = http_json(master, SERVER_PORT, "/v1/models")["data"]  # llama-server's own list again
     assert len(listed) == 1 and listed[0]["id"].endswith("smollm2.gguf"), listed
+
+
+@pytest.fixture(scope="module")
+def normal(instances, master):
+    """site.yml again, changing nothing, under the clients: (that run, how long a normal answer takes while a playbook
+    runs). A restart of one replica at a time must not make any request wait more than a second longer."""
+    event = "site.yml, nothing to change"
+    with ApiClients(master, groups=ROLLING) as clients:
+        clients.event(event)
+        again = run_playbook("site.yml", "-e", INSTANCES)
+        clients.event("after")
+        time.sleep(1)
+    clients.report("through the front, a playbook that changes nothing (a normal answer):")
+    clients.assert_none_failed()
+    return again, clients.longest()[event]
 
 
 def test_every_model_is_listed(instances, master):
@@ -157,15 +182,22 @@ def test_a_replica_s_worker_killed_fails_no_request(instances, master, workers):
     assert clients.longest()[event] < 5, clients.windows()
 
 
-def test_a_settings_change_restarts_one_replica_at_a_time(instances, master, workers):
+def test_a_second_run_changes_nothing(normal):
+    again, _ = normal
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.stdout[-4000:]
+
+
+def test_a_settings_change_restarts_one_replica_at_a_time(instances, normal, master, workers):
     """site.yml with another llama_server_parallel, which every instance inherits: b restarts first, drained at the
     front (llama-front-drain --server), then the cluster's own llama-server, drained alone by its ExecStop while b
-    serves. Clients of the model see no outage: none fails, none waits a second longer than before."""
+    serves. Clients of the model see no outage: none fails, none waits a second longer than a normal answer (while
+    a playbook that changes nothing runs: the fixture `normal`)."""
     since = master.check_output("date +%s")
     pids = {name: host.check_output(f"systemctl show -p MainPID --value {unit}")
             for name, host, unit in (("default", master, "llama-server.service"),
                                      ("b", workers["worker2"], "llama-server-b.service"))}
-    with ApiClients(master) as clients:
+    with ApiClients(master, groups=ROLLING) as clients:
         clients.event("before")
         time.sleep(4)
         clients.event("site.yml: llama_server_parallel 2, two replicas")
@@ -183,11 +215,91 @@ def test_a_settings_change_restarts_one_replica_at_a_time(instances, master, wor
     assert "llama_server/b drained in" in drains and "another replica of the model serves (b)" in drains, drains
     clients.report("through the front, a settings change with two replicas:")
     clients.assert_none_failed()
-    longest = clients.longest()
-    assert longest["site.yml: llama_server_parallel 2, two replicas"] < longest["before"] + 1.0, clients.windows()
+    _, usual = normal
+    assert clients.longest()["site.yml: llama_server_parallel 2, two replicas"] < usual + 1.0, (usual,
+                                                                                              clients.windows())
 
 
-def test_a_second_run_changes_nothing(instances):
-    again = run_playbook("site.yml", "-e", CHANGED)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.stdout[-4000:]
+def moment(host, since, pattern):
+    """When (the host's monotonic clock, s) llama-front-drain first logged a line matching `pattern` after `since`."""
+    for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
+        entry = json.loads(line)
+        at = int(entry["__MONOTONIC_TIMESTAMP"]) / 1e6
+        if at >= since and re.search(pattern, str(entry.get("MESSAGE"))):
+            return at
+    raise AssertionError(f"llama-front-drain logged nothing like {pattern!r}")
+
+
+def test_upgrade_rolls_through_the_replicas(instances, normal, master, workers):
+    """upgrade.yml to 2cabdd3, the same sources from git: both release groups move in lockstep, each group's build
+    compiled once and almost all of it answered by the compiler cache. The cluster's own llama-server switches with
+    its workers, drained alone while b serves; then b, drained at the front first, its RPC server's restart deferred
+    to its own (role llama_rpc); tiny, alone with its model, as with one instance. Clients of the model see no outage:
+    none fails, and from the switch on none waits a second longer than a normal answer."""
+    nodes = {"master": master, **workers}
+    before = {name: build(host) for name, host in nodes.items()}
+    answer = http_json(master, SERVER_PORT, "/completion", ASK)["content"]
+    since, started = monotonic(master), master.check_output("date +%s")
+    stage = f"upgrade.yml {COMMIT[:7]} (archive) -> {NEW_COMMIT[:7]} (git): staging"
+    with ApiClients(master, groups=ROLLING) as clients:
+        clients.event(stage)
+        result = run_playbook("upgrade.yml", "-e", UPGRADED, timeout=1800)
+        clients.event("after")
+        time.sleep(2)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    after = {name: build(host) for name, host in nodes.items()}
+    assert {info["commit"] for info in after.values()} == {NEW_COMMIT}
+    assert {info["rpc_proto"] for info in after.values()} == {"7.0.0"}
+    assert after["master"]["build_id"] == after["worker1"]["build_id"] != after["worker2"]["build_id"]
+    assert all(after[name]["build_id"] != before[name]["build_id"] for name in after)
+    # Each group's build compiled once, on its own release's builder, and almost all of it from the compiler cache:
+    # the sources are those of the build before.
+    cached = {}
+    for name in ("master", "worker2"):
+        compiled = [line for line in ledger() if line.split()[1] == after[name]["build_id"]]
+        assert len(compiled) == 1 and f" compiled on {name} " in compiled[0], compiled
+        cached[name] = tuple(map(int, re.search(r"ccache answered (\d+) of (\d+) compilations", compiled[0]).groups()))
+    figures("upgrade.yml to the same sources from another commit: the compiler cache",
+            [f"{name}: answered {hits} of {total} compilations" for name, (hits, total) in cached.items()])
+    assert all(hits >= CACHED_SHARE * total for hits, total in cached.values()), cached
+    # The play showed the compilation's progress every 10 s while it lasted (alone on a quiet host it may not).
+    trixie = re.escape(after["worker2"]["build_id"])
+    done = re.search(rf"^worker2: compile {trixie}: done in (?:(\d+) min )?(\d+) s", output, re.M)
+    assert done, output[-4000:]
+    if int(done.group(1) or 0) * 60 + int(done.group(2)) >= 20:
+        assert re.search(rf"^worker2: compile {trixie}: \d+% after \d+", output, re.M), output[-4000:]
+    # The cluster's own nodes stopped together, at the moment agreed on the master's clock (llama-switch --at), not
+    # one after the other as Ansible reached each: its outage is one node's stop -> start.
+    spread = re.search(r"the 3 node\(s\) stopped within ([\d.]+) s of each other", " ".join(output.split()))
+    assert spread and float(spread.group(1)) < 0.5, output[-3000:]
+    # From the switch on (the cluster's own drained alone, before the moment every node switches at).
+    switch = "upgrade.yml: the switch, then b and tiny one at a time"
+    switched = moment(master, since, r"another replica of the model serves \(b\)")
+    # Every instance's units are set up for the new build, each group's own, and their processes started after the
+    # switch (on the build `current` points at then; the containers share one monotonic clock).
+    for host, unit, name in ((master, "llama-server-tiny.service", "master"),
+                             (workers["worker2"], "llama-server-b.service", "worker2"),
+                             (workers["worker1"], "llama-rpc-server-b.service", "worker1"),
+                             (workers["worker1"], "llama-rpc-server-tiny.service", "worker1")):
+        assert f"LLAMACPP_BUILD_ID={after[name]['build_id']}" in host.check_output(
+            f"systemctl show -p Environment --value {unit}"), unit
+        began = int(host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {unit}")) / 1e6
+        assert began > switched, (unit, began, switched)
+    # One at a time: the cluster's own drained alone while b served, then b drained before its restart, which made
+    # its RPC server's (deferred, nothing left over); b never failed on a worker restarted under it.
+    drains = master.check_output(f"journalctl -o cat -t llama-front-drain --since @{started}")
+    assert "another replica of the model serves (b)" in drains and "llama_server/b drained in" in drains, drains
+    assert re.search(r"Defer the restarts to their llama-server's\] \**\nchanged: \[worker1\] => \(item=llama-rpc-server-b",
+                     output), output[-4000:]
+    assert not workers["worker1"].run("ls /run/llama-rpc-deferred-*").stdout
+    failures = workers["worker2"].run(f"journalctl -o cat -u llama-server-b.service --since @{started} "
+                                      "| grep -E 'Failed with result|Main process exited, code=(killed|dumped)'")
+    assert not failures.stdout, failures.stdout
+    wait_health(master, SERVER_PORT)
+    assert http_json(master, SERVER_PORT, "/completion", ASK)["content"] == answer
+    clients.events.insert(1, (switch, switched))
+    clients.report("through the front, upgrade.yml with two replicas, Debian 12 and 13 nodes together:")
+    clients.assert_none_failed()
+    _, usual = normal
+    assert clients.longest()[switch] < usual + 1.0, (usual, clients.windows())
