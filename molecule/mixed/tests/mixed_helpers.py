@@ -14,6 +14,8 @@ NEW_VARS = json.dumps({"llamacpp_commit": NEW_COMMIT, "llamacpp_source": "git"})
 # The share of a group's compilations the compiler cache answers for the same sources at another commit (the path of
 # the source tree is the same for every commit): all but build-info, which carries the commit.
 CACHED_SHARE = 0.9
+# Instance b's RPC port (test_instances.py): llama_rpc_port (50052) + 1.
+B_RPC = 50053
 ASK = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "seed": 42, "cache_prompt": False}
 
 

@@ -1,6 +1,7 @@
-"""Last in the mixed scenario, on the cluster upgrade.yml moved to 2cabdd3 (test_instances.py): worker2 (Debian 13)
-becomes the master of worker1, with the front, the exporters, the monitor and the link check: every role of the
-master's runs on Debian 13."""
+"""Last in the mixed scenario, on the cluster upgrade.yml moved to 2cabdd3 with two more instances (test_instances.py):
+worker2 (Debian 13) becomes the master of worker1, with the front, the exporters, the monitor and the link check:
+every role of the master's runs on Debian 13. The inventory declares no instance: the run removes the units and
+firewall rules the instances had on worker1 and worker2."""
 
 import json
 import os
@@ -12,8 +13,14 @@ from pathlib import Path
 import yaml
 
 from cluster_helpers import (RPC_PORT, SERVER_PORT, address, assert_refused_in_preflight, http_json, link_rows,
-                             prometheus_query, run_playbook, wait_health)
-from mixed_helpers import ASK, NEW_VARS, ledger
+                             prometheus_query, run_playbook, tcp_connects, wait_health)
+from mixed_helpers import ASK, B_RPC, NEW_VARS, ledger
+
+
+def instance_units(workers):
+    """{worker: the unit files of other instances there}."""
+    return {name: host.run("ls /etc/systemd/system | grep -E '^llama-(rpc-)?server-' | grep -v watch").stdout.split()
+            for name, host in workers.items()}
 
 
 def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
@@ -21,6 +28,9 @@ def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
     model is staged, llama-server runs behind HAProxy 3.0, node-exporter 1.9 and the cluster's exporter feed
     Prometheus 2.53, and the link to worker1 is measured. The same build serves: nothing compiles."""
     answer = http_json(master, SERVER_PORT, "/completion", ASK)["content"]
+    # test_instances.py left its instances: b's llama-server on worker2, b's and tiny's RPC servers on worker1.
+    assert instance_units(workers) == {"worker1": ["llama-rpc-server-b.service", "llama-rpc-server-tiny.service"],
+                                       "worker2": ["llama-server-b.service"]}
     source = Path(os.environ["MOLECULE_INVENTORY_FILE"])
     hosts = yaml.safe_load(source.read_text())["all"]["hosts"]
     shutil.copytree(source.parent / "group_vars", tmp_path / "group_vars")
@@ -60,6 +70,9 @@ def test_a_debian_13_master_runs_the_master_s_roles(master, workers, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert len(ledger()) == compiled, ledger()[compiled:]
+    # The instances' units are gone where the run ran, and so are their firewall rules (b's RPC port on worker1).
+    assert instance_units(workers) == {"worker1": [], "worker2": []}
+    assert not tcp_connects(workers["worker2"], address(workers["worker1"]), B_RPC)
     # The link check measured worker1 from the new master.
     link = link_rows(output)
     assert list(link) == ["worker1"] and link["worker1"]["address"] == address(workers["worker1"]), output[-4000:]

@@ -6,9 +6,9 @@
 
 worker1's CPU is shared by three RPC servers, one per instance. The front lists both models, routes by the request's
 `model` and balances the two replicas; each instance's ports admit its own master only; a second run changes
-nothing; a replica's worker killed fails no request; a settings change and upgrade.yml (both release groups in
-lockstep to 2cabdd3) restart one replica at a time, with no outage; and a run without llama_instances removes their
-units and rules, leaving the upgraded cluster for test_debian13_master.py."""
+nothing; a replica's worker killed fails no request; upgrade.yml (both release groups in lockstep to 2cabdd3, and
+a changed setting) restarts one replica at a time, with no outage. The instances stay for test_debian13_master.py,
+whose run, on hosts that no longer declare them, removes their units and rules."""
 
 import json
 import re
@@ -17,24 +17,23 @@ import time
 import pytest
 from cluster_helpers import (SERVER_PORT, ApiClients, address, http, http_json, monotonic, recap, run_playbook,
                              single_process_completion, tcp_connects, wait_health)
-from mixed_helpers import ASK, CACHED_SHARE, COMMIT, NEW_COMMIT, NEW_VARS, build, ledger
+from mixed_helpers import ASK, B_RPC, CACHED_SHARE, COMMIT, NEW_COMMIT, NEW_VARS, build, ledger
 from suite_report import figures
 
 INSTANCES = json.dumps({"llama_instances": [
     {"name": "b", "model_path": "/srv/models/smollm2.gguf", "master": "worker2", "workers": ["worker1"]},
     {"name": "tiny", "model_path": "/srv/models/tiny.gguf", "workers": ["worker1"]}]})
-# The same, with a setting every instance inherits changed (test_a_settings_change_restarts_one_replica_at_a_time).
-CHANGED = json.dumps(dict(json.loads(INSTANCES), llama_server_parallel=2))
-# The same, upgraded (test_upgrade_rolls_through_the_replicas).
-UPGRADED = json.dumps(dict(json.loads(CHANGED), **json.loads(NEW_VARS)))
+# The same upgraded, with a setting every instance inherits changed too (test_upgrade_rolls_through_the_replicas):
+# one run that restarts every instance, as a settings change alone would (role llama_server's instance_restart.yml).
+UPGRADED = json.dumps(dict(json.loads(INSTANCES), llama_server_parallel=2, **json.loads(NEW_VARS)))
 PROMPT = {"prompt": "The capital of France is", "n_predict": 16, "temperature": 0, "seed": 1234,
           "cache_prompt": False}
-# The clients of the windows that last a playbook run (a normal answer, the settings change, the upgrade): 4 asking
+# The clients of the windows that last a playbook run (a normal answer, the upgrade): 4 asking
 # every 2 s, a request every half second on average, which sees any wait of a second. The suite's usual clients (18
 # requests a second) cost the cores about 0.6 of one for as long as a run lasts, minutes on a loaded machine.
 ROLLING = (("4 clients", 4, 2.0),)
-# The other instances' ports: llama_server_internal_port (8081) + 1 and + 2, llama_rpc_port (50052) + 1 and + 2.
-B_PORT, B_RPC, TINY_RPC = 8082, 50053, 50054
+# The other instances' ports: llama_server_internal_port (8081) + 1 and + 2, llama_rpc_port (50052) + 1 (B_RPC) and + 2.
+B_PORT, TINY_RPC = 8082, 50054
 STATS = """
 import socket
 sock = socket.socket(socket.AF_UNIX)
@@ -58,25 +57,17 @@ def sent_to(master):
 
 @pytest.fixture(scope="module")
 def instances(master, workers):
-    """site.yml with the two instances; the tests; then site.yml without them, which removes what they had."""
+    """site.yml with the two instances. They stay for test_debian13_master.py, whose run, which declares none, removes
+    them where it runs."""
     result = run_playbook("site.yml", "-e", INSTANCES)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    yield result
-    # On the build upgrade.yml moved to, once it did.
-    removed = run_playbook("site.yml", "-e", NEW_VARS if build(master)["commit"] == NEW_COMMIT else "{}")
-    assert removed.returncode == 0, (removed.stdout + removed.stderr)[-4000:]
-    for name, host in {"master": master, "worker2": workers["worker2"]}.items():
-        assert not host.run("ls /etc/systemd/system/llama-server-*.service | grep -v watch").stdout, name
-    assert not workers["worker1"].run("ls /etc/systemd/system/llama-rpc-server-*.service").stdout
-    assert not tcp_connects(workers["worker2"], address(workers["worker1"]), B_RPC)
-    listed = http_json(master, SERVER_PORT, "/v1/models")["data"]  # llama-server's own list again
-    assert len(listed) == 1 and listed[0]["id"].endswith("smollm2.gguf"), listed
+    return result
 
 
 @pytest.fixture(scope="module")
 def normal(instances, master):
     """site.yml again, changing nothing, under the clients: (that run, how long a normal answer takes while a playbook
-    runs). A restart of one replica at a time must not make any request wait more than a second longer."""
+    runs). The upgrade's restarts, one replica at a time, must not make any request wait more than a second longer."""
     event = "site.yml, nothing to change"
     with ApiClients(master, groups=ROLLING) as clients:
         clients.event(event)
@@ -188,38 +179,6 @@ def test_a_second_run_changes_nothing(normal):
     assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.stdout[-4000:]
 
 
-def test_a_settings_change_restarts_one_replica_at_a_time(instances, normal, master, workers):
-    """site.yml with another llama_server_parallel, which every instance inherits: b restarts first, drained at the
-    front (llama-front-drain --server), then the cluster's own llama-server, drained alone by its ExecStop while b
-    serves. Clients of the model see no outage: none fails, none waits a second longer than a normal answer (while
-    a playbook that changes nothing runs: the fixture `normal`)."""
-    since = master.check_output("date +%s")
-    pids = {name: host.check_output(f"systemctl show -p MainPID --value {unit}")
-            for name, host, unit in (("default", master, "llama-server.service"),
-                                     ("b", workers["worker2"], "llama-server-b.service"))}
-    with ApiClients(master, groups=ROLLING) as clients:
-        clients.event("before")
-        time.sleep(4)
-        clients.event("site.yml: llama_server_parallel 2, two replicas")
-        result = run_playbook("site.yml", "-e", CHANGED)
-        clients.event("after")
-        time.sleep(2)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    for name, host, unit in (("default", master, "llama-server.service"),
-                             ("b", workers["worker2"], "llama-server-b.service")):
-        assert host.check_output(f"systemctl show -p MainPID --value {unit}") != pids[name], f"{name} kept its process"
-        assert " -np 2 " in host.check_output(f"systemctl show -p ExecStart --value {unit}"), name
-    # b was drained at the front before its restart, the cluster's own alone by its ExecStop while b served.
-    drains = master.check_output(f"journalctl -o cat -t llama-front-drain --since @{since}; "
-                                 f"journalctl -o cat -u llama-server.service --since @{since}")
-    assert "llama_server/b drained in" in drains and "another replica of the model serves (b)" in drains, drains
-    clients.report("through the front, a settings change with two replicas:")
-    clients.assert_none_failed()
-    _, usual = normal
-    assert clients.longest()["site.yml: llama_server_parallel 2, two replicas"] < usual + 1.0, (usual,
-                                                                                              clients.windows())
-
-
 def moment(host, since, pattern):
     """When (the host's monotonic clock, s) llama-front-drain first logged a line matching `pattern` after `since`."""
     for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
@@ -231,11 +190,14 @@ def moment(host, since, pattern):
 
 
 def test_upgrade_rolls_through_the_replicas(instances, normal, master, workers):
-    """upgrade.yml to 2cabdd3, the same sources from git: both release groups move in lockstep, each group's build
-    compiled once and almost all of it answered by the compiler cache. The cluster's own llama-server switches with
-    its workers, drained alone while b serves; then b, drained at the front first, its RPC server's restart deferred
-    to its own (role llama_rpc); tiny, alone with its model, as with one instance. Clients of the model see no outage:
-    none fails, and from the switch on none waits a second longer than a normal answer."""
+    """upgrade.yml to 2cabdd3, the same sources from git, with llama_server_parallel 2 (a setting every instance
+    inherits): both release groups move in lockstep, each group's build compiled once and almost all of it answered
+    by the compiler cache. The cluster's own llama-server switches with its workers, drained alone while b serves;
+    then b, drained at the front first, its RPC server's restart deferred to its own (role llama_rpc); tiny, alone
+    with its model, as with one instance. Clients of the model see no outage: none fails, and from the switch on none
+    waits a second longer than a normal answer (the fixture `normal`). A settings change alone restarts the same
+    way (role llama_server's instance_restart.yml; the cluster's own llama-server's ExecStop drains it alone:
+    tests/unit/test_front_replicas.py)."""
     nodes = {"master": master, **workers}
     before = {name: build(host) for name, host in nodes.items()}
     answer = http_json(master, SERVER_PORT, "/completion", ASK)["content"]
@@ -278,20 +240,23 @@ def test_upgrade_rolls_through_the_replicas(instances, normal, master, workers):
     switched = moment(master, since, r"another replica of the model serves \(b\)")
     # Every instance's units are set up for the new build, each group's own, and their processes started after the
     # switch (on the build `current` points at then; the containers share one monotonic clock).
-    for host, unit, name in ((master, "llama-server-tiny.service", "master"),
+    for host, unit, name in ((master, "llama-server.service", "master"),
+                             (master, "llama-server-tiny.service", "master"),
                              (workers["worker2"], "llama-server-b.service", "worker2"),
                              (workers["worker1"], "llama-rpc-server-b.service", "worker1"),
                              (workers["worker1"], "llama-rpc-server-tiny.service", "worker1")):
         assert f"LLAMACPP_BUILD_ID={after[name]['build_id']}" in host.check_output(
             f"systemctl show -p Environment --value {unit}"), unit
+        if "rpc" not in unit:
+            assert " -np 2 " in host.check_output(f"systemctl show -p ExecStart --value {unit}"), unit
         began = int(host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {unit}")) / 1e6
         assert began > switched, (unit, began, switched)
     # One at a time: the cluster's own drained alone while b served, then b drained before its restart, which made
     # its RPC server's (deferred, nothing left over); b never failed on a worker restarted under it.
     drains = master.check_output(f"journalctl -o cat -t llama-front-drain --since @{started}")
     assert "another replica of the model serves (b)" in drains and "llama_server/b drained in" in drains, drains
-    assert re.search(r"Defer the restarts to their llama-server's\] \**\nchanged: \[worker1\] => \(item=llama-rpc-server-b",
-                     output), output[-4000:]
+    deferred = r"Defer the restarts to their llama-server's\] \**\nchanged: \[worker1\] => \(item=llama-rpc-server-b"
+    assert re.search(deferred, output), output[-4000:]
     assert not workers["worker1"].run("ls /run/llama-rpc-deferred-*").stdout
     failures = workers["worker2"].run(f"journalctl -o cat -u llama-server-b.service --since @{started} "
                                       "| grep -E 'Failed with result|Main process exited, code=(killed|dumped)'")
