@@ -73,15 +73,12 @@ def llama_drift(build, commit, protos, current, units, shows, starts, switched, 
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-LLAMA_UNITS = ("llama-rpc-server.service", "llama-server.service")
-# The other instances' (llama_instances): llama-server-NAME and llama-rpc-server-NAME, checked like the cluster's own.
-INSTANCE_UNIT = re.compile(r"llama-(rpc-)?server-[a-z][a-z0-9-]*\.service")
-OWN_UNITS = ("llama-server-watch.service",)
 
 
 def _llama_unit(name):
-    """A unit that runs a llama.cpp build: the cluster's own llama-server or RPC server, or another instance's."""
-    return name in LLAMA_UNITS or (bool(INSTANCE_UNIT.fullmatch(name)) and name not in OWN_UNITS)
+    """A unit that runs a llama.cpp build: the cluster's own llama-server or RPC server, or another instance's
+    (llama_instances: llama-server-NAME and llama-rpc-server-NAME, checked like the cluster's own)."""
+    return bool(llama_node.unit_instance(name))
 
 
 DRIFT_FIX = "site.yml puts a node back on the inventory's build (upgrade.yml when the commit differs)"

@@ -381,7 +381,7 @@ def missing_endpoints(cmdline, connections):
     return planned, [endpoint for endpoint in planned if endpoint not in held]
 
 
-INSTANCE_UNIT = re.compile(r"^llama-(?:rpc-)?server(?:-(?P<name>.+))?\.service$")
+INSTANCE_UNIT = re.compile(r"^llama-(?:rpc-)?server(?:-(?P<name>[a-z][a-z0-9-]*))?\.service$")
 
 
 def unit_instance(unit):
