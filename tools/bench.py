@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 import bench_report  # noqa: E402  # pylint: disable=wrong-import-position
 from cluster_helpers import (  # noqa: E402  # pylint: disable=wrong-import-position
-    ApiClients, cmdline, main_pid, option, recap, run_playbook, wait_health)
+    ApiClients, cmdline, main_pid, option, recap, replica_rates, run_playbook, wait_health)
 
 MEASURED = ("P1", "P2b", "UP", "P9", "P3", "P5", "P6", "C1", "R1", "L1", "L2", "L3", "L4", "L5", "M1")
 C1_CLIENTS, C1_SECONDS = 32, 60
@@ -423,30 +423,18 @@ def measure_r1(inventory, facts):
     profiles = []
     seconds, _, profile = timed_playbook(inventory, "site.yml", "-e", json.dumps({"llama_instances": [replica]}))
     profiles.append(profiled("site.yml with a replica", seconds, profile))
-    drain = "/usr/local/sbin/llama-front-drain --server llama_server/bench"
-    group = f"{R1_CLIENTS} clients"
     try:
-        with ApiClients(master, groups=((group, R1_CLIENTS, 0.0),), port=api_port(facts),
-                        key=api_key(master, facts)) as clients:
-            clients.event("two replicas")
-            time.sleep(R1_SECONDS)
-            master.check_output(f"{drain} 60")
-            clients.event("one replica")
-            time.sleep(R1_SECONDS)
-            clients.event("end")
-        master.run(f"{drain} --end")
+        clients, (two, one) = replica_rates(master, "llama_server/bench", R1_SECONDS, clients=R1_CLIENTS,
+                                            port=api_port(facts), key=api_key(master, facts))
     finally:
         seconds, _, profile = timed_playbook(inventory, "site.yml")
         profiles.append(profiled("site.yml without it", seconds, profile))
-    (_, two), (_, one), (_, end) = clients.events
-    # Requests begun in each window, per second (the second window from its second second on: the drain's own wait).
-    rates = {name: len([r for r in clients.results[group] if since <= r[0] < until]) / (until - since)
-             for name, since, until in (("two", two, one), ("one", one + 1, end))}
-    failed = clients.failed()[group]
+    group = f"{R1_CLIENTS} clients"  # replica_rates' name for them
+    requests, failed = clients.results[group], clients.failed()[group]
     return bench_report.figure(
-        "R1", [rates["two"]], [rates["one"]], profile=profiles, failures=failed[:10],
-        notes=[f"{R1_CLIENTS} clients back to back, {R1_SECONDS} s each way: two replicas {rates['two']:.2f} "
-               f"requests/s, one {rates['one']:.2f}; {len(failed)} failed of {len(clients.results[group])}"])
+        "R1", [two], [one], profile=profiles, failures=failed[:10],
+        notes=[f"{R1_CLIENTS} clients back to back, {R1_SECONDS} s each way: two replicas {two:.2f} requests/s, one "
+               f"{one:.2f}; {len(failed)} failed of {len(requests)}"])
 
 
 def read_facts(inventory):

@@ -299,13 +299,21 @@ def drains(host, since, wait=30):
     return found
 
 
-def _drains(host, since):
-    found, start = [], None
+def drain_log(host, since):
+    """What llama-front-drain logged (as upgrade.yml's or a restart's drain, to syslog) on `host` since `since` (its
+    monotonic clock, s): [(when, message)]."""
+    logged = []
     for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
         entry = json.loads(line)
         at, message = int(entry["__MONOTONIC_TIMESTAMP"]) / 1e6, entry.get("MESSAGE")
-        if at < since or not isinstance(message, str):
-            continue
+        if at >= since and isinstance(message, str):
+            logged.append((at, message))
+    return logged
+
+
+def _drains(host, since):
+    found, start = [], None
+    for at, message in drain_log(host, since):
         held = re.search(r"holding new requests; (\d+) running(?: \(the gate held after ([\d.]+) s\))?", message)
         if held:
             start = (at - float(held.group(2) or 0), int(held.group(1)))
@@ -574,6 +582,26 @@ class ApiClients:
                              f"p50 {row['p50']:.2f} s p99 {row['p99']:.2f} s max {row['max']:.2f} s; "
                              f"first answer after {outage}")
         return figures(title, lines)
+
+
+def replica_rates(host, target, seconds, clients=8, port=SERVER_PORT, key=API_KEY):
+    """`clients` clients asking back to back through the front on `host`: `seconds` with every replica of their model,
+    then `seconds` with the replica `target` (BACKEND/SERVER) drained (llama-front-drain --server), which is then put
+    back in service. (the ApiClients, [requests/s begun in the first window, in the second from its second second on:
+    the drain's own wait])."""
+    drain = f"/usr/local/sbin/llama-front-drain --server {quote(target)}"
+    group = f"{clients} clients"
+    with ApiClients(host, groups=((group, clients, 0.0),), port=port, key=key) as asking:
+        asking.event("every replica")
+        time.sleep(seconds)
+        host.check_output(f"{drain} 60")
+        asking.event(f"{target} drained")
+        time.sleep(seconds)
+        asking.event("end")
+    host.check_output(f"{drain} --end")
+    (_, every), (_, drained), (_, end) = asking.events
+    return asking, [len([r for r in asking.results[group] if since <= r[0] < until]) / (until - since)
+                    for since, until in ((every, drained), (drained + 1, end))]
 
 
 STAND_IN = Path(__file__).with_name("stand_in.py")

@@ -15,8 +15,8 @@ import re
 import time
 
 import pytest
-from cluster_helpers import (SERVER_PORT, ApiClients, address, http, http_json, monotonic, recap, run_playbook,
-                             single_process_completion, tcp_connects, wait_health)
+from cluster_helpers import (SERVER_PORT, ApiClients, address, drain_log, http, http_json, monotonic, recap,
+                             replica_rates, run_playbook, single_process_completion, tcp_connects, wait_health)
 from mixed_helpers import ASK, B_RPC, CACHED_SHARE, COMMIT, NEW_COMMIT, NEW_VARS, build, ledger
 from suite_report import figures
 
@@ -107,26 +107,13 @@ def test_the_replicas_share_the_load(instances, master):
     """8 clients asking back to back: both replicas take requests; then b drained (llama-front-drain --server), the
     cluster's own alone. Requests/s of each, and their ratio (2 shared cores: little gain is expected)."""
     before = sent_to(master)
-    drain = "/usr/local/sbin/llama-front-drain --server llama_server/b"
-    with ApiClients(master, groups=(("8 clients", 8, 0.0),)) as clients:
-        clients.event("two replicas")
-        time.sleep(8)
-        sent = {key: total - before.get(key, 0) for key, total in sent_to(master).items()}
-        master.check_output(f"{drain} 30")
-        clients.event("one replica (b drained)")
-        time.sleep(8)
-        clients.event("end")
-    master.check_output(f"{drain} --end")
+    clients, (two, one) = replica_rates(master, "llama_server/b", 8)
+    sent = {key: total - before.get(key, 0) for key, total in sent_to(master).items()}
     clients.assert_none_failed()
     assert sent[("llama_server", "llama-server")] >= 4 and sent[("llama_server", "b")] >= 4, sent
-    (_, two), (_, one), (_, end) = clients.events
-    # Requests begun in each window, per second (the second from its first second on: the drain's own wait).
-    rates = {name: len([r for r in clients.results["8 clients"] if since <= r[0] < until]) / (until - since)
-             for name, since, until in (("two", two, one), ("one", one + 1, end))}
-    assert rates["one"] > 0 and rates["two"] > 0, rates
+    assert one > 0 and two > 0, (two, one)
     figures("SmolLM2, 8 clients asking back to back through the front (requests/s)",
-            [f"two replicas: {rates['two']:.2f}; one replica: {rates['one']:.2f}; "
-             f"ratio {rates['two'] / rates['one']:.2f}"])
+            [f"two replicas: {two:.2f}; one replica: {one:.2f}; ratio {two / one:.2f}"])
 
 
 def test_each_instance_s_ports_admit_its_master_only(instances, master, workers):
@@ -179,16 +166,6 @@ def test_a_second_run_changes_nothing(normal):
     assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.stdout[-4000:]
 
 
-def moment(host, since, pattern):
-    """When (the host's monotonic clock, s) llama-front-drain first logged a line matching `pattern` after `since`."""
-    for line in host.check_output("journalctl -t llama-front-drain -o json --no-pager --since -60min").splitlines():
-        entry = json.loads(line)
-        at = int(entry["__MONOTONIC_TIMESTAMP"]) / 1e6
-        if at >= since and re.search(pattern, str(entry.get("MESSAGE"))):
-            return at
-    raise AssertionError(f"llama-front-drain logged nothing like {pattern!r}")
-
-
 def test_upgrade_rolls_through_the_replicas(instances, normal, master, workers):
     """upgrade.yml to 2cabdd3, the same sources from git, with llama_server_parallel 2 (a setting every instance
     inherits): both release groups move in lockstep, each group's build compiled once and almost all of it answered
@@ -237,7 +214,9 @@ def test_upgrade_rolls_through_the_replicas(instances, normal, master, workers):
     assert spread and float(spread.group(1)) < 0.5, output[-3000:]
     # From the switch on (the cluster's own drained alone, before the moment every node switches at).
     switch = "upgrade.yml: the switch, then b and tiny one at a time"
-    switched = moment(master, since, r"another replica of the model serves \(b\)")
+    logged = drain_log(master, since)
+    switched = next((at for at, message in logged if "another replica of the model serves (b)" in message), None)
+    assert switched is not None, logged
     # Every instance's units are set up for the new build, each group's own, and their processes started after the
     # switch (on the build `current` points at then; the containers share one monotonic clock).
     for host, unit, name in ((master, "llama-server.service", "master"),
